@@ -1,0 +1,1 @@
+"""Learners, one per file."""

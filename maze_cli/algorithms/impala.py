@@ -1,0 +1,133 @@
+"""IMPALA: an actor-critic learner with V-trace off-policy correction (Espeholt et al. 2018).
+
+Actors act with a policy a few versions behind the learner (the behaviour policy mu); V-trace
+corrects for that lag with truncated importance weights, so the learner can consume rollouts as
+they arrive instead of waiting for on-policy data.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from maze_cli.records import Rollout
+
+
+@dataclass(frozen=True)
+class VTraceReturns:
+    vs: torch.Tensor  # value targets v_s, [T, B]
+    pg_advantages: torch.Tensor  # rho_s (r_s + gamma_s v_{s+1} - V(x_s)), [T, B]
+    clipped_rhos: torch.Tensor  # min(rho_bar, pi/mu), [T, B]
+
+
+@torch.no_grad()
+def vtrace(
+    behaviour_logp: torch.Tensor,
+    target_logp: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    discounts: torch.Tensor,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+    pg_rho_bar: float | None = None,
+) -> VTraceReturns:
+    """V-trace targets, eq. (1) of the paper, computed backwards in time.
+
+    With rho_t = min(rho_bar, pi(a_t|x_t) / mu(a_t|x_t)) and c_i = min(c_bar, pi(a_i|x_i) / mu(a_i|x_i)):
+
+        delta_t V = rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t))
+        v_s       = V(x_s) + sum_{t=s}^{s+n-1} (prod_{k=s}^{t-1} gamma_k) (prod_{i=s}^{t-1} c_i) delta_t V
+
+    evaluated by the recursion v_s - V(x_s) = delta_s V + gamma_s c_s (v_{s+1} - V(x_{s+1})).
+    `discounts[t]` is gamma_t: gamma, or 0 where the episode ended after step t. Inputs are `[T, B]`
+    except `bootstrap_value` (V(x_T), `[B]`). The policy-gradient advantage (section 4.2) uses
+    v_{s+1} and its own clip `pg_rho_bar` (rho_bar by default).
+    """
+    rhos = torch.exp(target_logp - behaviour_logp)
+    clipped_rhos = rhos.clamp(max=rho_bar)
+    cs = rhos.clamp(max=c_bar)
+    values_tp1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    deltas = clipped_rhos * (rewards + discounts * values_tp1 - values)
+
+    vs_minus_v = torch.empty_like(values)
+    acc = torch.zeros_like(bootstrap_value)
+    for t in range(values.shape[0] - 1, -1, -1):
+        acc = deltas[t] + discounts[t] * cs[t] * acc
+        vs_minus_v[t] = acc
+    vs = values + vs_minus_v
+
+    vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    pg_rhos = rhos.clamp(max=rho_bar if pg_rho_bar is None else pg_rho_bar)
+    pg_advantages = pg_rhos * (rewards + discounts * vs_tp1 - values)
+    return VTraceReturns(vs=vs, pg_advantages=pg_advantages, clipped_rhos=clipped_rhos)
+
+
+@dataclass(frozen=True)
+class ImpalaHyperparameters:
+    lr: float = 6e-4
+    gamma: float = 0.99
+    rho_bar: float = 1.0
+    c_bar: float = 1.0
+    value_coef: float = 0.5
+    entropy_coef: float = 0.01
+    max_grad_norm: float = 40.0
+    adam_eps: float = 1e-5
+
+
+class ImpalaLearner:
+    """Owns the actor-critic, its optimizer and the update; knows nothing of actors or backends."""
+
+    def __init__(self, policy: nn.Module, hp: ImpalaHyperparameters, device: str = "cpu"):
+        self.policy = policy.to(device)
+        self.hp = hp
+        self.device = device
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=hp.lr, eps=hp.adam_eps)
+        self.updates = 0
+
+    def update(self, batch: Rollout) -> dict[str, float]:
+        """One gradient step on a time-major batch; returns the learner's stats for this step."""
+        hp = self.hp
+        t_start = time.perf_counter()
+        T, B = batch.n_steps, batch.n_envs
+        # One forward pass over all T+1 observations gives V(x_0..x_T): the last row bootstraps.
+        flat_obs = {k: v.reshape((T + 1) * B, *v.shape[2:]) for k, v in batch.observations.items()}
+        params, values_all = self.policy(flat_obs)
+        params = params.reshape(T + 1, B, -1)[:T]
+        values_all = values_all.reshape(T + 1, B)
+        values, bootstrap_value = values_all[:T], values_all[T]
+        dist = self.policy.distribution
+        target_logp = dist.log_prob(params, batch.actions)
+        entropy = dist.entropy(params).mean()
+
+        discounts = hp.gamma * (~batch.dones).float()
+        rewards = batch.rewards + hp.gamma * batch.final_values
+        targets = vtrace(
+            batch.behaviour_logp, target_logp.detach(), rewards, values.detach(), bootstrap_value.detach(),
+            discounts, hp.rho_bar, hp.c_bar,
+        )
+        policy_loss = -(targets.pg_advantages * target_logp).mean()
+        value_loss = 0.5 * (targets.vs - values).pow(2).mean()
+        loss = policy_loss + hp.value_coef * value_loss - hp.entropy_coef * entropy
+
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), hp.max_grad_norm)
+        self.optimizer.step()
+        self.updates += 1
+        return {
+            "loss": float(loss.detach()),
+            "policy_loss": float(policy_loss),
+            "value_loss": float(value_loss),
+            "entropy": float(entropy),
+            "grad_norm": float(grad_norm),
+            "rho_mean": float(targets.clipped_rhos.mean()),
+            "value_mean": float(values.detach().mean()),
+            "update_s": time.perf_counter() - t_start,
+        }
+
+    def state_dict(self) -> dict:
+        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "updates": self.updates}

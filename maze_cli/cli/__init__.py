@@ -1,0 +1,1 @@
+"""Entry points: compose the config, validate it, build the parts, run."""

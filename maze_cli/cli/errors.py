@@ -1,0 +1,57 @@
+"""Turn what can go wrong before training into one line a user can act on."""
+
+from __future__ import annotations
+
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from maze_cli.cli.schema import SCHEMAS, ConfigError, known_keys, suggest
+from maze_cli.envs.factory import ID_KEYS
+from maze_cli.parallel.distributed_actors import ActorFailure
+
+USER_ERRORS = (ConfigError, ConfigCompositionException, MissingConfigException, OverrideParseException)
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in str(text).splitlines() if line.strip()), "")
+
+
+def _unknown_key(full_key: str, argv: list[str]) -> str:
+    section, _, key = full_key.partition(".")
+    if section == "env" and not any(a.startswith("+env=") or a.startswith("env=") for a in argv):
+        return "no env chosen: add +env=<name> before setting env keys (e.g. +env=cartpole)"
+    if not key:
+        return f"{full_key}: unknown key{suggest(full_key, known_keys(None))}; add a new key with +{full_key}=..."
+    candidates = list(ID_KEYS) if section == "env" else known_keys(section) if section in SCHEMAS else []
+    leaf = key.split(".")[-1]
+    return f"{full_key}: unknown key{suggest(leaf, candidates)}; add a new key with +{full_key}=..."
+
+
+def explain(err: BaseException, argv: list[str]) -> str | None:
+    """A one-line message for a user error, or None for anything else (a real crash)."""
+    if isinstance(err, ConfigError):
+        return str(err)
+    if isinstance(err, ActorFailure):
+        return str(err)
+    if isinstance(err, MissingConfigException):
+        group, _, name = str(err.missing_cfg_file or "").rpartition("/")
+        options = ", ".join(sorted(err.options or []))
+        if group:
+            return f"{group}={name}: no such {group} config; available: {options}"
+        return _first_line(str(err))
+    if isinstance(err, OverrideParseException):
+        return f"cannot parse the override '{err.override}': {_first_line(err.message)}"
+    if isinstance(err, ConfigCompositionException):
+        cause = err.__cause__
+        if isinstance(cause, ConfigKeyError) and cause.full_key:
+            return _unknown_key(str(cause.full_key), argv)
+        if isinstance(cause, OmegaConfBaseException):
+            key = getattr(cause, "full_key", None)
+            return f"{key}: {_first_line(cause.msg)}" if key else _first_line(str(cause))
+        return _first_line(str(err))
+    return None
+
+
+def exit_code(err: BaseException) -> int:
+    """2 for bad input, 1 for a failure while running."""
+    return 2 if isinstance(err, USER_ERRORS) else 1

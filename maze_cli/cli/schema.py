@@ -1,0 +1,156 @@
+"""The config schema as dataclasses: checked (types, ranges, unknown keys) before anything starts.
+
+Each field may carry range metadata (`gt`, `ge`, `le`, `choices`); `validate_section` enforces it
+and turns every failure into a `ConfigError` naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config value that cannot run; the message names the key and what is allowed."""
+
+
+def _f(default: Any = dataclasses.MISSING, **limits: Any) -> Any:
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=limits)
+    return field(default=default, metadata=limits)
+
+
+@dataclass
+class TrainConfig:
+    """Top-level keys of `train` (the budget and the run)."""
+
+    seed: int = _f(1, ge=0)
+    max_env_steps: int = _f(1_000_000, ge=1)
+    max_time_s: Optional[float] = _f(None, gt=0)
+    target_return: Optional[float] = None
+    target_window: int = _f(100, ge=1)
+    epoch_length: int = _f(20, ge=1)
+    device: str = "cpu"
+    torch_threads: int = _f(1, ge=1)
+
+
+@dataclass
+class ImpalaConfig:
+    name: str = "impala"
+    lr: float = _f(6e-4, gt=0)
+    gamma: float = _f(0.99, ge=0, le=1)
+    n_rollout_steps: int = _f(32, ge=1)
+    rho_bar: float = _f(1.0, gt=0)
+    c_bar: float = _f(1.0, gt=0)
+    value_coef: float = _f(0.5, ge=0)
+    entropy_coef: float = _f(0.01, ge=0)
+    max_grad_norm: float = _f(40.0, gt=0)
+    adam_eps: float = _f(1e-5, gt=0)
+
+
+@dataclass
+class MlpPolicyConfig:
+    name: str = "mlp"
+    hidden_sizes: List[int] = _f([64, 64], ge=1)
+    activation: str = _f("tanh", choices=("tanh", "relu", "elu"))
+    shared_torso: bool = False
+
+
+@dataclass
+class SequentialRunnerConfig:
+    name: str = "sequential"
+    n_actors: int = _f(2, ge=1)
+    envs_per_actor: int = _f(16, ge=1)
+    batch_size: int = _f(2, ge=1)
+    actor_env_seeds: Optional[List[int]] = None
+    actor_agent_seeds: Optional[List[int]] = None
+
+
+@dataclass
+class SubprocRunnerConfig(SequentialRunnerConfig):
+    name: str = "subproc"
+    queue_out_of_sync_factor: float = _f(1.0, gt=0)
+    start_method: Optional[str] = _f(None, choices=("forkserver", "spawn", "fork"))
+
+
+SCHEMAS: dict[str, dict[str, type]] = {
+    "algorithm": {"impala": ImpalaConfig},
+    "policy": {"mlp": MlpPolicyConfig},
+    "runner": {"sequential": SequentialRunnerConfig, "subproc": SubprocRunnerConfig},
+}
+
+
+def known_keys(section: str | None) -> list[str]:
+    """Every key any schema of `section` (None: top level) accepts, for spelling suggestions."""
+    schemas = [TrainConfig] if section is None else list(SCHEMAS.get(section, {}).values())
+    keys = {f.name for s in schemas for f in dataclasses.fields(s)}
+    if section is None:
+        keys |= set(SCHEMAS) | {"env"}
+    return sorted(keys)
+
+
+def suggest(key: str, candidates: list[str]) -> str:
+    """' (did you mean X?)' for a near miss, else ''."""
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _type_name(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union and type(None) in args:
+        inner = [a for a in args if a is not type(None)][0]
+        return f"{_type_name(inner)} or null"
+    if origin in (list, List):
+        return f"a list of {_type_name(args[0]).removeprefix('an ').removeprefix('a ')}s"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def _check_limits(prefix: str, name: str, value: Any, limits: dict[str, Any]) -> None:
+    if value is None:
+        return
+    for item in value if isinstance(value, list) else [value]:
+        allowed = limits.get("choices")
+        if allowed is not None and item not in allowed:
+            raise ConfigError(f"{prefix}{name}={item}: must be one of {', '.join(map(str, allowed))}")
+        for op, ok, word in (("gt", lambda a, b: a > b, ">"), ("ge", lambda a, b: a >= b, ">="), ("le", lambda a, b: a <= b, "<=")):
+            if op in limits and not ok(item, limits[op]):
+                raise ConfigError(f"{prefix}{name}={item}: must be {word} {limits[op]}")
+
+
+def validate_section(schema: type, values: DictConfig | dict, prefix: str, what: str) -> Any:
+    """Merge `values` into `schema`; return the dataclass instance or raise ConfigError."""
+    hints = typing.get_type_hints(schema)
+    names = [f.name for f in dataclasses.fields(schema)]
+    for key in values:
+        if key not in names:
+            raise ConfigError(f"{prefix}{key}: unknown key{suggest(str(key), names)}; {what} takes: {', '.join(names)}")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), values)
+        instance = OmegaConf.to_object(merged)
+    except MissingMandatoryValue as err:
+        raise ConfigError(f"{prefix}{err.full_key}: a value is required") from None
+    except (ValidationError, ConfigKeyError) as err:
+        key = str(err.full_key).split(".")[0].split("[")[0] if err.full_key else "?"
+        shown = "" if err.value is None else f"={err.value}"
+        expected = _type_name(hints[key]) if key in hints else "another value"
+        raise ConfigError(f"{prefix}{key}{shown}: expected {expected}") from None
+    for f in dataclasses.fields(schema):
+        _check_limits(prefix, f.name, getattr(instance, f.name), dict(f.metadata))
+    return instance
+
+
+def validate_group(section: str, values: DictConfig) -> Any:
+    """Validate one config group (algorithm, policy, runner) against the schema its `name` selects."""
+    if not isinstance(values, (DictConfig, dict)):
+        raise ConfigError(f"{section}: expected a config group, got {values!r}; choose one with {section}=<name>")
+    options = SCHEMAS[section]
+    name = values.get("name")
+    if name not in options:
+        raise ConfigError(f"{section}.name={name}: unknown {section}; available: {', '.join(options)}")
+    return validate_section(options[name], values, f"{section}.", f"{section} '{name}'")

@@ -1,0 +1,112 @@
+"""`train`: compose the run with Hydra, validate it, build the parts, train.
+
+Errors in the user's input end in one line on stderr and exit code 2, never a traceback
+(set HYDRA_FULL_ERROR=1 for the full one).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from maze_cli.cli.errors import explain, exit_code
+from maze_cli.cli.paths import config_dir
+
+log = logging.getLogger("maze_cli")
+
+
+def _env_options() -> list[str]:
+    try:
+        return sorted(GlobalHydra.instance().config_loader().get_group_options("env"))
+    except Exception:  # outside a Hydra run there is nothing to list
+        return []
+
+
+def run_train(cfg: DictConfig) -> dict:
+    """The task: everything after composition. Returns a summary of the run."""
+    import torch
+
+    from maze_cli.checkpoint import save_checkpoint
+    from maze_cli.cli.build import build_actors, build_learner, build_policy, check_env, validate
+    from maze_cli.seeding import derive_seed, seed_everything
+    from maze_cli.stats.writers import ConsoleTable, JsonlWriter, TensorBoardWriter
+    from maze_cli.training import Budget, Trainer
+
+    settings = validate(cfg, _env_options())
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    torch.set_num_threads(settings.train.torch_threads)
+    env_factory, observation_space, action_space = check_env(settings)
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+
+    seed_everything(derive_seed(settings.train.seed, "learner"))
+    policy = build_policy(settings, observation_space, action_space)
+    learner = build_learner(settings, policy)
+    actors = build_actors(settings, env_factory, policy)
+    t = settings.train
+    budget = Budget(t.max_env_steps, t.max_time_s, t.target_return, t.target_window, t.epoch_length)
+    writers = [ConsoleTable(), JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")]
+    log.info(f"run dir: {run_dir}")
+    log.info(
+        f"env {env_factory.describe()}: observations {observation_space}, actions {action_space}; "
+        f"{settings.runner.name} runner, {actors.n_actors} actors x {actors.envs_per_actor} envs"
+    )
+
+    def checkpoint(reason: str) -> None:
+        save_checkpoint(
+            run_dir / "checkpoints" / "last.pt",
+            {
+                "learner": learner.state_dict(),
+                "env_steps": trainer.env_steps,
+                "epoch": trainer.epoch,
+                "stop_reason": reason,
+                "observation_space": observation_space,
+                "action_space": action_space,
+                "config": OmegaConf.to_container(cfg, resolve=True),
+            },
+        )
+
+    trainer = Trainer(actors, learner, budget, writers, device=t.device)
+    try:
+        with actors:
+            result = trainer.run()
+    except KeyboardInterrupt:
+        checkpoint("interrupted")
+        log.info("interrupted: actors stopped, checkpoints/last.pt written")
+        raise
+    finally:
+        for writer in writers:
+            writer.close()
+    checkpoint(result.stop_reason)
+    return {"stop_reason": result.stop_reason, "env_steps": result.env_steps, "time_s": result.time_s}
+
+
+@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="train")
+def _hydra_train(cfg: DictConfig) -> dict:
+    return run_train(cfg)
+
+
+def main() -> None:
+    """Console script `train`."""
+    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach us; we print them for humans below
+    try:
+        _hydra_train()
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as err:
+        message = None if full_error else explain(err, sys.argv[1:])
+        if message is None:
+            raise
+        print(f"train: error: {message}", file=sys.stderr)
+        sys.exit(exit_code(err))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Build envs from their config: a registered gymnasium id, or any callable named by `_target_`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import gymnasium as gym
+
+from maze_cli.envs.spaces import UnsupportedSpaceError, action_spec, observation_specs
+
+__all__ = ["EnvFactory", "EnvConfigError", "UnsupportedSpaceError"]
+
+# Keys of an env config that configure maze_cli rather than the env itself.
+ID_KEYS = ("id", "kwargs", "max_episode_steps")
+
+
+class EnvConfigError(ValueError):
+    """An env config that cannot produce an env."""
+
+
+@dataclass(frozen=True)
+class EnvFactory:
+    """A picklable factory: `EnvFactory(config)()` returns a fresh gymnasium.Env.
+
+    `config` is a plain mapping: either `{id, kwargs, max_episode_steps}` for `gymnasium.make`,
+    or `{_target_: "pkg.module.Callable", **arguments}` for a user's own env.
+    """
+
+    config: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        has_id = self.config.get("id") is not None
+        has_target = self.config.get("_target_") is not None
+        if has_id == has_target:
+            raise EnvConfigError("env: give exactly one of env.id (a registered gymnasium id) or env._target_")
+        if has_id:
+            unknown = sorted(set(self.config) - set(ID_KEYS))
+            if unknown:
+                raise EnvConfigError(
+                    f"env.{unknown[0]}: not a key of an env config with 'id' "
+                    f"(allowed: {', '.join(ID_KEYS)}; put env arguments under env.kwargs)"
+                )
+
+    def __call__(self) -> gym.Env:
+        if self.config.get("_target_") is not None:
+            from hydra.utils import instantiate
+
+            env = instantiate(dict(self.config), _convert_="all")
+        else:
+            kwargs = dict(self.config.get("kwargs") or {})
+            max_steps = self.config.get("max_episode_steps")
+            if max_steps is not None:
+                kwargs["max_episode_steps"] = max_steps
+            env = gym.make(self.config["id"], **kwargs)
+        if not isinstance(env, gym.Env):
+            raise EnvConfigError(f"env: {self.config.get('_target_')} returned {type(env).__name__}, not a gymnasium.Env")
+        return env
+
+    def describe(self) -> str:
+        return str(self.config.get("id") or self.config.get("_target_"))
+
+    def check(self) -> tuple[gym.Space, gym.Space]:
+        """Build one env in this process, check its spaces are supported, and return them.
+
+        Run before any actor starts, so a wrong env fails here with one clear message.
+        """
+        try:
+            env = self()
+        except gym.error.Error as err:
+            raise EnvConfigError(f"env.id={self.config.get('id')}: {err}") from err
+        try:
+            observation_specs(env.observation_space)
+            action_spec(env.action_space)
+            return env.observation_space, env.action_space
+        finally:
+            env.close()

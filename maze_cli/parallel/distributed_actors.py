@@ -1,0 +1,132 @@
+"""DistributedActors: actors collect rollouts in parallel; the learner takes them in batches.
+
+The base class holds what every backend shares (the rollout spec, seeds, epoch stats, policy
+versions); subclasses only decide where the actors run and how rollouts and weights travel.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+from typing import Callable
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from maze_cli.envs.spaces import action_spec, observation_specs
+from maze_cli.records import Rollout, RolloutInfo, RolloutSpec
+from maze_cli.stats.aggregator import EpochStatsAggregator, LogStatsLevel
+
+
+class ActorFailure(RuntimeError):
+    """An actor raised or died; carries its index, its seeds and the traceback from where it ran."""
+
+    def __init__(self, actor_index: int, env_seed: int, agent_seed: int, details: str):
+        self.actor_index = actor_index
+        self.env_seed = env_seed
+        self.agent_seed = agent_seed
+        self.details = details
+        super().__init__(f"actor {actor_index} (env seed {env_seed}, agent seed {agent_seed}) failed:\n{details}")
+
+
+class DistributedActors(abc.ABC):
+    """The base class for all distributed actors.
+
+    :param env_factory: builds one env (picklable for the subprocess backend).
+    :param policy: the policy module; each actor works on its own copy.
+    :param n_rollout_steps: steps per rollout (T).
+    :param n_actors: number of actors.
+    :param batch_size: rollouts per learner batch; a batch has `batch_size * envs_per_actor` columns.
+    :param envs_per_actor: envs each actor steps with one batched forward pass.
+    :param actor_env_seeds: one env seed per actor.
+    :param actor_agent_seeds: one sampling seed per actor.
+    """
+
+    def __init__(
+        self,
+        env_factory: Callable[[], gym.Env],
+        policy: nn.Module,
+        n_rollout_steps: int,
+        n_actors: int,
+        batch_size: int,
+        envs_per_actor: int = 1,
+        actor_env_seeds: list[int] | None = None,
+        actor_agent_seeds: list[int] | None = None,
+    ):
+        if n_actors < 1 or batch_size < 1 or n_rollout_steps < 1 or envs_per_actor < 1:
+            raise ValueError("n_actors, batch_size, n_rollout_steps and envs_per_actor must be at least 1")
+        self.env_factory = env_factory
+        # The actors' template: a CPU copy, so a learner on another device never leaks into actors.
+        self.policy = copy.deepcopy(policy).cpu()
+        self.n_rollout_steps = n_rollout_steps
+        self.n_actors = n_actors
+        self.batch_size = batch_size
+        self.envs_per_actor = envs_per_actor
+        self.actor_env_seeds = self._check_seeds("actor_env_seeds", actor_env_seeds, list(range(n_actors)))
+        self.actor_agent_seeds = self._check_seeds("actor_agent_seeds", actor_agent_seeds, list(range(1000, 1000 + n_actors)))
+        self.rollout_spec = self._rollout_spec(policy)
+        self.policy_version = 0
+        self.epoch_stats = EpochStatsAggregator()
+
+    def _check_seeds(self, name: str, seeds: list[int] | None, default: list[int]) -> list[int]:
+        if seeds is None:
+            return default
+        if len(seeds) != self.n_actors:
+            raise ValueError(f"{name} has {len(seeds)} seeds; give one per actor ({self.n_actors})")
+        return [int(s) for s in seeds]
+
+    def _rollout_spec(self, policy: nn.Module) -> RolloutSpec:
+        return RolloutSpec(
+            observations=observation_specs(policy.observation_space),
+            action=action_spec(policy.action_space),
+            n_steps=self.n_rollout_steps,
+            n_envs=self.envs_per_actor,
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Start the actors."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop the actors and release their resources; safe to call twice."""
+
+    def __enter__(self) -> "DistributedActors":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- data flow -----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Publish the newest policy version to the actors."""
+
+    @abc.abstractmethod
+    def collect_outputs(self, learner_device: str) -> tuple[Rollout, float, float, float]:
+        """Take `batch_size` rollouts; return (time-major batch `[T, batch_size*envs_per_actor, ...]`,
+        queue size before, queue size after, seconds spent dequeuing)."""
+
+    def _record_rollout(self, info: RolloutInfo) -> None:
+        """Account one received rollout in the epoch stats."""
+        stats = self.epoch_stats
+        stats.extend("episode_return", info.episode_returns)
+        stats.extend("episode_length", info.episode_lengths)
+        stats.add("env_steps", info.env_steps)
+        stats.add("policy_lag", self.policy_version - info.policy_version)
+        for name, seconds in info.timings.items():
+            stats.add(name, seconds)
+
+    # -- stats ---------------------------------------------------------------------------------
+    def get_epoch_stats_aggregator(self) -> EpochStatsAggregator:
+        """The aggregator holding this epoch's actor stats (episode returns, lag, timings)."""
+        return self.epoch_stats
+
+    def get_stats_value(self, event: str, level: LogStatsLevel = LogStatsLevel.EPOCH, name: str | None = None) -> float | None:
+        """One value of the epoch stats, e.g. `get_stats_value("episode_return", name="mean")`."""
+        if level is not LogStatsLevel.EPOCH:
+            raise ValueError("only epoch-level statistics are kept")
+        return self.epoch_stats.get(event, name or "mean")

@@ -1,0 +1,121 @@
+"""The actor-critic network: observations (a dict of tensors) in, action-distribution params and a value out."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from maze_cli.envs.spaces import _flatten_spaces, observation_specs
+from maze_cli.policies.distributions import DiagGaussian, make_distribution
+
+_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
+
+
+def _mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        linear = nn.Linear(n_in, n_out)
+        last = i == len(sizes) - 2
+        nn.init.orthogonal_(linear.weight, gain=out_gain if last else math.sqrt(2))
+        nn.init.zeros_(linear.bias)
+        layers.append(linear)
+        if not last:
+            layers.append(_ACTIVATIONS[activation]())
+    return nn.Sequential(*layers)
+
+
+class ObservationEncoder(nn.Module):
+    """Flattens each observation key (Box as floats, Discrete one-hot) and concatenates them."""
+
+    def __init__(self, observation_space: gym.Space):
+        super().__init__()
+        self.specs = observation_specs(observation_space)
+        self.n_categories = {
+            key: int(sub.n) for key, sub in _flatten_spaces(observation_space).items() if isinstance(sub, gym.spaces.Discrete)
+        }
+        self.out_dim = sum(
+            self.n_categories[k] if k in self.n_categories else max(1, math.prod(s.shape)) for k, s in self.specs.items()
+        )
+
+    def forward(self, observations: dict[str, torch.Tensor]) -> torch.Tensor:
+        parts = []
+        for key, spec in self.specs.items():
+            x = observations[key]
+            lead = x.shape[: x.dim() - len(spec.shape)]
+            if key in self.n_categories:
+                parts.append(F.one_hot(x.long(), self.n_categories[key]).float())
+            else:
+                parts.append(x.reshape(*lead, -1).float())
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+class ActorCritic(nn.Module):
+    """Separate (or shared) MLP torsos for the policy and the value function.
+
+    Orthogonal initialisation with a small policy-head gain starts the policy near uniform,
+    which keeps early exploration broad (as in the PPO and IMPALA reference implementations).
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        hidden_sizes: tuple[int, ...] = (64, 64),
+        activation: str = "tanh",
+        shared_torso: bool = False,
+    ):
+        super().__init__()
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.encoder = ObservationEncoder(observation_space)
+        self.distribution = make_distribution(action_space)
+        self.gaussian = isinstance(self.distribution, DiagGaussian)
+        n_head = self.distribution.dim if self.gaussian else self.distribution.n_params
+        sizes = [self.encoder.out_dim, *hidden_sizes]
+        self.shared_torso = shared_torso
+        if shared_torso:
+            self.torso = _mlp(sizes, activation, math.sqrt(2))
+            self.torso.append(_ACTIVATIONS[activation]())
+            self.policy_head = _mlp([sizes[-1], n_head], activation, 0.01)
+            self.value_head = _mlp([sizes[-1], 1], activation, 1.0)
+        else:
+            self.policy_head = _mlp(sizes + [n_head], activation, 0.01)
+            self.value_head = _mlp(sizes + [1], activation, 1.0)
+        if self.gaussian:
+            self.log_std = nn.Parameter(torch.zeros(self.distribution.dim))
+
+    def forward(self, observations: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Distribution params `[..., n_params]` and values `[...]`."""
+        x = self.encoder(observations)
+        if self.shared_torso:
+            x = self.torso(x)
+        params = self.policy_head(x)
+        if self.gaussian:
+            params = torch.cat([params, self.log_std.expand_as(params)], dim=-1)
+        return params, self.value_head(x).squeeze(-1)
+
+    @torch.no_grad()
+    def act(
+        self, observations: dict[str, torch.Tensor], deterministic: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample actions; returns (actions, their log-probs, values)."""
+        params, value = self(observations)
+        dist = self.distribution
+        actions = dist.mode(params) if deterministic else dist.sample(params)
+        return actions, dist.log_prob(params, actions), value
+
+    @torch.no_grad()
+    def value(self, observations: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self(observations)[1]
+
+    def evaluate(
+        self, observations: dict[str, torch.Tensor], actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For the learner: log-probs of `actions`, entropies, values, and the raw params."""
+        params, value = self(observations)
+        dist = self.distribution
+        return dist.log_prob(params, actions), dist.entropy(params), value, params

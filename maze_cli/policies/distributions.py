@@ -1,0 +1,121 @@
+"""Action distributions over flat parameter vectors, written out by hand.
+
+torch.distributions validates and builds objects per call; an actor samples thousands of times a
+second, so each distribution here is a few tensor ops on the head's output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import torch
+import torch.nn.functional as F
+
+_LOG_2PI = math.log(2 * math.pi)
+
+
+class ActionDistribution:
+    """Interface: `n_params` outputs of the policy head parametrise the distribution."""
+
+    n_params: int
+
+    def sample(self, params: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def mode(self, params: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def log_prob(self, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Categorical(ActionDistribution):
+    """One discrete choice; params are logits."""
+
+    def __init__(self, n: int):
+        self.n_params = n
+
+    def sample(self, params: torch.Tensor) -> torch.Tensor:
+        # Gumbel-max: one op chain, no normalisation needed.
+        gumbel = -torch.log(-torch.log(torch.rand_like(params).clamp_(1e-20, 1.0)))
+        return (params + gumbel).argmax(dim=-1)
+
+    def mode(self, params: torch.Tensor) -> torch.Tensor:
+        return params.argmax(dim=-1)
+
+    def log_prob(self, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        logp = F.log_softmax(params, dim=-1)
+        return logp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        logp = F.log_softmax(params, dim=-1)
+        return -(logp.exp() * logp).sum(-1)
+
+
+class MultiCategorical(ActionDistribution):
+    """Independent discrete choices (MultiDiscrete); log-probs and entropies add up."""
+
+    def __init__(self, nvec: list[int]):
+        self.parts = [Categorical(int(n)) for n in nvec]
+        self.sizes = [int(n) for n in nvec]
+        self.n_params = sum(self.sizes)
+
+    def _split(self, params: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return params.split(self.sizes, dim=-1)
+
+    def sample(self, params: torch.Tensor) -> torch.Tensor:
+        return torch.stack([d.sample(p) for d, p in zip(self.parts, self._split(params))], dim=-1)
+
+    def mode(self, params: torch.Tensor) -> torch.Tensor:
+        return torch.stack([d.mode(p) for d, p in zip(self.parts, self._split(params))], dim=-1)
+
+    def log_prob(self, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        return sum(d.log_prob(p, actions[..., i]) for i, (d, p) in enumerate(zip(self.parts, self._split(params))))
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        return sum(d.entropy(p) for d, p in zip(self.parts, self._split(params)))
+
+
+class DiagGaussian(ActionDistribution):
+    """Box actions; params are the mean and log std, concatenated. Clipping to bounds happens in the env adapter."""
+
+    def __init__(self, dim: int):
+        self.dim = dim
+        self.n_params = 2 * dim
+
+    def _split(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, log_std = params.split(self.dim, dim=-1)
+        return mean, log_std.clamp(-20.0, 2.0)
+
+    def sample(self, params: torch.Tensor) -> torch.Tensor:
+        mean, log_std = self._split(params)
+        return mean + log_std.exp() * torch.randn_like(mean)
+
+    def mode(self, params: torch.Tensor) -> torch.Tensor:
+        return self._split(params)[0]
+
+    def log_prob(self, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        mean, log_std = self._split(params)
+        z = (actions - mean) / log_std.exp()
+        return (-0.5 * z.pow(2) - log_std - 0.5 * _LOG_2PI).sum(-1)
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        _, log_std = self._split(params)
+        return (log_std + 0.5 * (1.0 + _LOG_2PI)).sum(-1)
+
+
+def make_distribution(space: gym.Space) -> ActionDistribution:
+    """The distribution for an action space (Discrete, MultiDiscrete, Box)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return Categorical(int(space.n))
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return MultiCategorical(list(space.nvec.flatten()))
+    if isinstance(space, gym.spaces.Box):
+        return DiagGaussian(int(torch.tensor(space.shape).prod()))
+    from maze_cli.envs.spaces import UnsupportedSpaceError
+
+    raise UnsupportedSpaceError(f"action space {space!r} is not supported; use Discrete, MultiDiscrete or Box")

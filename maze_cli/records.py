@@ -1,0 +1,131 @@
+"""The rollout record: time-major tensors plus the policy version they were collected with.
+
+One record type serves every backend. An actor writes a rollout of `T` steps from `B` envs into a
+record (in shared memory for the subprocess backend), and the learner concatenates several records
+along the batch dimension. Shapes: observations `[T+1, B, ...]` (the last row is the observation to
+bootstrap from), everything per step `[T, B, ...]`, the policy version `[B]`.
+
+`dones[t]` marks an episode that ended after step t, by termination or by truncation. A truncated
+episode did not really end, so the actor records the value of its final observation in
+`final_values[t]` (zero otherwise) and the learner bootstraps from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape (without time and batch dims) and dtype of one tensor in a record."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """Everything needed to preallocate a rollout record."""
+
+    observations: dict[str, TensorSpec]
+    action: TensorSpec
+    n_steps: int
+    n_envs: int
+
+    def allocate(self, shared: bool = False, n_slots: int | None = None) -> "Rollout":
+        """A zeroed record; in shared memory when `shared`, so that another process can fill it.
+
+        With `n_slots`, every tensor gets a leading slot dimension (`Rollout.slot(i)` is one
+        record): a whole pool of records lives in a handful of shared-memory blocks.
+        """
+        slots = () if n_slots is None else (n_slots,)
+
+        def empty(leading: tuple[int, ...], spec: TensorSpec) -> torch.Tensor:
+            tensor = torch.zeros(slots + leading + spec.shape, dtype=spec.dtype)
+            return tensor.share_memory_() if shared else tensor
+
+        t, b = self.n_steps, self.n_envs
+        return Rollout(
+            observations={k: empty((t + 1, b), s) for k, s in self.observations.items()},
+            actions=empty((t, b), self.action),
+            behaviour_logp=empty((t, b), TensorSpec((), torch.float32)),
+            rewards=empty((t, b), TensorSpec((), torch.float32)),
+            dones=empty((t, b), TensorSpec((), torch.bool)),
+            final_values=empty((t, b), TensorSpec((), torch.float32)),
+            policy_version=empty((b,), TensorSpec((), torch.int64)),
+        )
+
+
+@dataclass
+class Rollout:
+    """Time-major tensors of one or more rollouts (see the module docstring for shapes)."""
+
+    observations: dict[str, torch.Tensor]
+    actions: torch.Tensor
+    behaviour_logp: torch.Tensor
+    rewards: torch.Tensor
+    dones: torch.Tensor
+    final_values: torch.Tensor
+    policy_version: torch.Tensor
+
+    @property
+    def n_steps(self) -> int:
+        return self.actions.shape[0]
+
+    @property
+    def n_envs(self) -> int:
+        return self.actions.shape[1]
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Rollout":
+        """Apply `fn` to every tensor, keeping the structure."""
+        values = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            values[f.name] = {k: fn(v) for k, v in value.items()} if isinstance(value, dict) else fn(value)
+        return Rollout(**values)
+
+    def slot(self, index: int) -> "Rollout":
+        """Record `index` of a pool made by `RolloutSpec.allocate(n_slots=...)` (a view, no copy)."""
+        return self.map(lambda t: t[index])
+
+    def to(self, device: str | torch.device) -> "Rollout":
+        return self.map(lambda t: t.to(device, non_blocking=True))
+
+    def copy_(self, other: "Rollout") -> None:
+        """Copy `other` into this record in place (same shapes)."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, dict):
+                for k in mine:
+                    mine[k].copy_(theirs[k])
+            else:
+                mine.copy_(theirs)
+
+    @staticmethod
+    def cat(rollouts: list["Rollout"]) -> "Rollout":
+        """Concatenate rollouts along the batch dimension (a fresh copy, never a view of a slot)."""
+        first = rollouts[0]
+        values = {}
+        for f in fields(first):
+            value = getattr(first, f.name)
+            dim = 0 if f.name == "policy_version" else 1
+            if isinstance(value, dict):
+                values[f.name] = {k: torch.cat([getattr(r, f.name)[k] for r in rollouts], dim=dim) for k in value}
+            else:
+                values[f.name] = torch.cat([getattr(r, f.name) for r in rollouts], dim=dim)
+        return Rollout(**values)
+
+
+@dataclass
+class RolloutInfo:
+    """Small metadata that travels beside a rollout (through a queue, by value)."""
+
+    actor_index: int
+    policy_version: int
+    env_steps: int
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)

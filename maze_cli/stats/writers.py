@@ -1,0 +1,90 @@
+"""Where epoch stats go: the console table, `stats.jsonl` and TensorBoard, all from one dict."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger("maze_cli")
+
+
+class StatsWriter(Protocol):
+    def write(self, stats: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlWriter:
+    """One JSON object per epoch, flushed at once, so a crash loses at most the current epoch."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "a", encoding="utf-8")
+
+    def write(self, stats: dict[str, Any]) -> None:
+        self.file.write(json.dumps(stats, allow_nan=False, default=float) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class TensorBoardWriter:
+    """Every numeric stat as a scalar at step `env_steps`."""
+
+    def __init__(self, log_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def write(self, stats: dict[str, Any]) -> None:
+        step = int(stats["env_steps"])
+        for key, value in stats.items():
+            if key != "env_steps" and isinstance(value, (int, float)) and math.isfinite(value):
+                self.writer.add_scalar(key, value, global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+# (stat key, column title, format) of the console table.
+_COLUMNS = [
+    ("epoch", "epoch", "{:>5d}"),
+    ("env_steps", "env steps", "{:>10,d}"),
+    ("time_s", "time", "{:>6.1f}s"),
+    ("sps", "steps/s", "{:>8,.0f}"),
+    ("train/return_mean", "return", "{:>8.1f}"),
+    ("train/return_window_mean", "ret(win)", "{:>8.1f}"),
+    ("train/episode_length_mean", "ep len", "{:>7.1f}"),
+    ("learner/loss", "loss", "{:>8.3f}"),
+    ("learner/entropy", "entropy", "{:>7.3f}"),
+    ("policy_lag_mean", "lag", "{:>5.2f}"),
+    ("time/wait_actors_frac", "wait", "{:>5.0%}"),
+]
+
+
+class ConsoleTable:
+    """A fixed-width row per epoch, with the header repeated every `header_every` rows."""
+
+    def __init__(self, header_every: int = 20):
+        self.header_every = header_every
+        self.rows = 0
+
+    def _cell(self, stats: dict[str, Any], key: str, title: str, fmt: str) -> str:
+        width = max(len(title), len(fmt.format(0) if "d" in fmt else fmt.format(0.0)))
+        value = stats.get(key)
+        text = "-" if value is None else fmt.format(value)
+        return text.rjust(width)
+
+    def write(self, stats: dict[str, Any]) -> None:
+        if self.rows % self.header_every == 0:
+            widths = [max(len(t), len(f.format(0) if "d" in f else f.format(0.0))) for _, t, f in _COLUMNS]
+            log.info(" ".join(t.rjust(w) for (_, t, _), w in zip(_COLUMNS, widths)))
+        log.info(" ".join(self._cell(stats, k, t, f) for k, t, f in _COLUMNS))
+        self.rows += 1
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,160 @@
+"""The learner loop, the same for every backend: collect, update, broadcast, log at epoch end."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from tqdm import tqdm
+
+from maze_cli.algorithms.impala import ImpalaLearner
+from maze_cli.parallel.distributed_actors import DistributedActors
+from maze_cli.stats.aggregator import EpochStatsAggregator
+from maze_cli.stats.writers import StatsWriter
+
+log = logging.getLogger("maze_cli")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """When a run stops: whichever limit is reached first."""
+
+    max_env_steps: int
+    max_time_s: float | None = None
+    target_return: float | None = None
+    target_window: int = 100
+    epoch_length: int = 20
+
+
+@dataclass
+class TrainResult:
+    epochs: int
+    env_steps: int
+    time_s: float
+    stop_reason: str
+    return_window_mean: float | None
+
+
+class Trainer:
+    """Drives actors and a learner until the budget is spent; emits one stats dict per epoch."""
+
+    def __init__(
+        self,
+        actors: DistributedActors,
+        learner: ImpalaLearner,
+        budget: Budget,
+        writers: Sequence[StatsWriter],
+        device: str = "cpu",
+        progress: bool | None = None,
+        on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
+    ):
+        self.actors = actors
+        self.learner = learner
+        self.budget = budget
+        self.writers = list(writers)
+        self.device = device
+        self.progress = progress
+        self.on_epoch_end = on_epoch_end
+        self.env_steps = 0
+        self.epoch = 0
+        self.window: deque[float] = deque(maxlen=budget.target_window)
+        self.learner_stats = EpochStatsAggregator()
+
+    def window_mean(self) -> float | None:
+        """Mean return of the last `target_window` episodes (None until the window is full)."""
+        if len(self.window) < self.window.maxlen:
+            return None
+        return math.fsum(self.window) / len(self.window)
+
+    def _stop_reason(self, elapsed: float) -> str | None:
+        b = self.budget
+        mean = self.window_mean()
+        if b.target_return is not None and mean is not None and mean >= b.target_return:
+            return "target_return"
+        if self.env_steps >= b.max_env_steps:
+            return "max_env_steps"
+        if b.max_time_s is not None and elapsed >= b.max_time_s:
+            return "max_time_s"
+        return None
+
+    def run(self) -> TrainResult:
+        start = time.perf_counter()
+        reason = None
+        with tqdm(
+            total=self.budget.max_env_steps, unit="step", unit_scale=True, disable=None if self.progress is None else not self.progress,
+            dynamic_ncols=True, leave=False,
+        ) as bar:
+            while reason is None:
+                epoch_start, steps_before = time.perf_counter(), self.env_steps
+                for _ in range(self.budget.epoch_length):
+                    self._one_update()
+                    bar.update(self.env_steps - bar.n)
+                    reason = self._stop_reason(time.perf_counter() - start)
+                    if reason:
+                        break
+                self.epoch += 1
+                stats = self._epoch_stats(time.perf_counter() - start, time.perf_counter() - epoch_start, steps_before)
+                for writer in self.writers:
+                    writer.write(stats)
+                if self.on_epoch_end is not None:
+                    self.on_epoch_end(stats)
+        elapsed = time.perf_counter() - start
+        log.info(f"stopped: {reason} after {self.env_steps:,} env steps, {self.epoch} epochs, {elapsed:.1f}s")
+        return TrainResult(self.epoch, self.env_steps, elapsed, reason, self.window_mean())
+
+    def _one_update(self) -> None:
+        actor_stats = self.actors.get_epoch_stats_aggregator()
+        n_episodes = len(actor_stats.values("episode_return"))
+        t0 = time.perf_counter()
+        batch, queue_before, queue_after, dequeue_s = self.actors.collect_outputs(self.device)
+        t1 = time.perf_counter()
+        update = self.learner.update(batch)
+        t2 = time.perf_counter()
+        self.actors.broadcast_updated_policy(self.learner.policy.state_dict())
+        t3 = time.perf_counter()
+        self.env_steps += batch.rewards.numel()
+        self.window.extend(actor_stats.values("episode_return")[n_episodes:])
+        stats = self.learner_stats
+        for key, value in update.items():
+            stats.add(f"learner/{key}", value)
+        stats.add("queue_size", queue_before)
+        stats.add("time/wait_actors_s", t1 - t0)
+        stats.add("time/dequeue_s", dequeue_s)
+        stats.add("time/learner_s", t2 - t1)
+        stats.add("time/broadcast_s", t3 - t2)
+
+    def _epoch_stats(self, elapsed: float, epoch_s: float, steps_before: int) -> dict[str, Any]:
+        actor, learner = self.actors.get_epoch_stats_aggregator(), self.learner_stats
+        stats: dict[str, Any] = {
+            "epoch": self.epoch,
+            "env_steps": self.env_steps,
+            "time_s": round(elapsed, 3),
+            "sps": (self.env_steps - steps_before) / max(epoch_s, 1e-9),
+            "train/episodes": actor.get("episode_return", "count"),
+            "train/return_mean": actor.get("episode_return", "mean"),
+            "train/return_min": actor.get("episode_return", "min"),
+            "train/return_max": actor.get("episode_return", "max"),
+            "train/episode_length_mean": actor.get("episode_length", "mean"),
+            "train/return_window_mean": self.window_mean(),
+            "learner/updates": self.learner.updates,
+            "policy_lag_mean": actor.get("policy_lag", "mean"),
+            "policy_lag_max": actor.get("policy_lag", "max"),
+            "queue_size": learner.get("queue_size", "mean"),
+        }
+        for event in learner.events():
+            if event.startswith("learner/"):
+                stats[event] = learner.get(event, "mean")
+        for event in ("time/wait_actors_s", "time/dequeue_s", "time/learner_s", "time/broadcast_s"):
+            stats[event] = learner.get(event, "sum")
+        stats["time/epoch_s"] = epoch_s
+        stats["time/wait_actors_frac"] = stats["time/wait_actors_s"] / max(epoch_s, 1e-9)
+        for event in ("actor_env_step_s", "actor_inference_s", "actor_wait_s"):
+            if actor.values(event):
+                stats[f"time/{event}"] = actor.get(event, "sum")
+        actor.clear()
+        learner.clear()
+        return {k: v for k, v in stats.items() if v is not None}
