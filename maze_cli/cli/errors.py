@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from maze_cli.cli.schema import SCHEMAS, ConfigError, known_keys, suggest
 from maze_cli.envs.factory import ID_KEYS
@@ -21,10 +21,12 @@ def _unknown_key(full_key: str, argv: list[str]) -> str:
     if section == "env" and not any(a.startswith("+env=") or a.startswith("env=") for a in argv):
         return "no env chosen: add +env=<name> before setting env keys (e.g. +env=cartpole)"
     if not key:
-        return f"{full_key}: unknown key{suggest(full_key, known_keys(None))}; add a new key with +{full_key}=..."
+        return f"{full_key}: unknown key{suggest(full_key, known_keys(None)) or '; see the README for the keys of train'}"
     candidates = list(ID_KEYS) if section == "env" else known_keys(section) if section in SCHEMAS else []
-    leaf = key.split(".")[-1]
-    return f"{full_key}: unknown key{suggest(leaf, candidates)}; add a new key with +{full_key}=..."
+    hint = suggest(key.split(".")[-1], candidates)
+    if not hint and candidates:
+        hint = f"; known keys: {', '.join(candidates)}"
+    return f"{full_key}: unknown key{hint}"
 
 
 def explain(err: BaseException, argv: list[str]) -> str | None:
@@ -43,7 +45,7 @@ def explain(err: BaseException, argv: list[str]) -> str | None:
         return f"cannot parse the override '{err.override}': {_first_line(err.message)}"
     if isinstance(err, ConfigCompositionException):
         cause = err.__cause__
-        if isinstance(cause, ConfigKeyError) and cause.full_key:
+        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.full_key:
             return _unknown_key(str(cause.full_key), argv)
         if isinstance(cause, OmegaConfBaseException):
             key = getattr(cause, "full_key", None)

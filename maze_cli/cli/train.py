@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from maze_cli.cli.errors import explain, exit_code
+from maze_cli.cli.schema import ConfigError
 from maze_cli.cli.paths import config_dir
 
 log = logging.getLogger("maze_cli")
@@ -87,25 +88,60 @@ def run_train(cfg: DictConfig) -> dict:
     return {"stop_reason": result.stop_reason, "env_steps": result.env_steps, "time_s": result.time_s}
 
 
+_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+def _exit_on_user_error(err: Exception) -> None:
+    """Print a known error as one line and exit; return (to re-raise) for anything else."""
+    message = None if _FULL_ERROR else explain(err, sys.argv[1:])
+    if message is not None:
+        print(f"train: error: {message}", file=sys.stderr)
+        sys.exit(exit_code(err))
+
+
+def _discard_unused_run_dir() -> None:
+    """Remove the run dir Hydra made for a run that never started, if it holds only Hydra's own files."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_files = {"config.yaml", "hydra.yaml", "overrides.yaml"}
+    log_file = run_dir / "train.log"
+    try:
+        if set(os.listdir(run_dir)) - {".hydra", "train.log"} or set(os.listdir(run_dir / ".hydra")) - hydra_files:
+            return
+        if log_file.exists() and log_file.stat().st_size > 0:
+            return
+        for name in hydra_files:
+            (run_dir / ".hydra" / name).unlink(missing_ok=True)
+        (run_dir / ".hydra").rmdir()
+        log_file.unlink(missing_ok=True)
+        run_dir.rmdir()
+    except OSError:
+        pass
+
+
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="train")
 def _hydra_train(cfg: DictConfig) -> dict:
-    return run_train(cfg)
+    # Errors are reported here, inside the job, so Hydra adds no lines of its own to the message.
+    try:
+        return run_train(cfg)
+    except ConfigError as err:
+        _discard_unused_run_dir()
+        _exit_on_user_error(err)
+        raise
+    except Exception as err:
+        _exit_on_user_error(err)
+        raise
 
 
 def main() -> None:
     """Console script `train`."""
-    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach us; we print them for humans below
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # composition errors reach us; we print them for humans
     try:
         _hydra_train()
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as err:
-        message = None if full_error else explain(err, sys.argv[1:])
-        if message is None:
-            raise
-        print(f"train: error: {message}", file=sys.stderr)
-        sys.exit(exit_code(err))
+        _exit_on_user_error(err)
+        raise
 
 
 if __name__ == "__main__":

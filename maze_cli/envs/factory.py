@@ -67,8 +67,12 @@ class EnvFactory:
         """
         try:
             env = self()
-        except gym.error.Error as err:
-            raise EnvConfigError(f"env.id={self.config.get('id')}: {err}") from err
+        except EnvConfigError:
+            raise
+        except Exception as err:  # anything the env's own constructor raises is a config problem here
+            cause = err.__cause__ if err.__cause__ is not None and "Error in call to target" in str(err) else err
+            what = f"env.id={self.config['id']}" if self.config.get("id") else f"env._target_={self.config['_target_']}"
+            raise EnvConfigError(f"{what}: {type(cause).__name__}: {str(cause).strip().splitlines()[0]}") from err
         try:
             observation_specs(env.observation_space)
             action_spec(env.action_space)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import queue
 import time
@@ -189,20 +190,27 @@ class SubprocDistributedActors(DistributedActors):
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.policy_version = self.weights.publish(state_dict)
 
+    def _check_alive(self) -> None:
+        """Raise ActorFailure if any actor process is gone (one poll over the process sentinels)."""
+        dead = mp.connection.wait([p.sentinel for p in self.processes], timeout=0)
+        for i, process in enumerate(self.processes):
+            if process.sentinel in dead:
+                process.join(timeout=0)
+                raise ActorFailure(
+                    i, self.actor_env_seeds[i], self.actor_agent_seeds[i],
+                    f"process {process.pid} exited with code {process.exitcode}",
+                )
+
     def _next_message(self) -> tuple:
         """The next queue message; raises ActorFailure as soon as an actor process is gone."""
         while True:
             try:
                 return self.filled_slots.get(timeout=_POLL_S)
             except queue.Empty:
-                for i, process in enumerate(self.processes):
-                    if not process.is_alive():
-                        raise ActorFailure(
-                            i, self.actor_env_seeds[i], self.actor_agent_seeds[i],
-                            f"process {process.pid} exited with code {process.exitcode}",
-                        )
+                self._check_alive()
 
     def collect_outputs(self, learner_device: str) -> tuple[Rollout, float, float, float]:
+        self._check_alive()
         queue_before = self.filled_slots.qsize()
         start = time.perf_counter()
         taken: list[int] = []

@@ -1,0 +1,33 @@
+"""Run the real console scripts in a subprocess, tagged so that leftover processes can be found."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = Path(sys.executable).with_name("train")
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+    tag: str
+
+
+def run_train(*overrides: str, run_dir: Path | None = None, timeout: float = 300, env: dict | None = None) -> Result:
+    """`train <overrides>`, writing into `run_dir`; returns exit code, output and the process tag."""
+    tag = uuid.uuid4().hex
+    full_env = {**os.environ, "MAZE_TEST_TAG": tag, "PYTHONPATH": str(REPO), **(env or {})}
+    full_env.pop("HYDRA_FULL_ERROR", None)
+    args = [str(TRAIN), *overrides]
+    if run_dir is not None:
+        args.append(f"hydra.run.dir={run_dir}")
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=run_dir.parent if run_dir else None, stdin=subprocess.DEVNULL)
+    return Result(proc.returncode, proc.stdout, proc.stderr, tag)

@@ -1,0 +1,63 @@
+"""Small real gymnasium envs for tests: exact, cheap, and with every space kind maze_cli supports."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+
+class CountingEnv(gym.Env):
+    """Observation = steps taken in the current episode; reward 1 per step; ends after `length` steps.
+
+    Makes time order visible: along a rollout's time axis the count rises by one until a reset.
+    `obs_kind`: 'box' or 'dict' (Box count + Discrete parity); `action_kind`: 'discrete',
+    'multidiscrete' or 'box'. `truncate` ends episodes by truncation instead of termination.
+    """
+
+    def __init__(self, length: int = 5, obs_kind: str = "box", action_kind: str = "discrete", truncate: bool = False):
+        self.length = length
+        self.truncate = truncate
+        self.obs_kind = obs_kind
+        count_space = gym.spaces.Box(0.0, float(length), (1,), np.float32)
+        if obs_kind == "dict":
+            self.observation_space = gym.spaces.Dict({"count": count_space, "parity": gym.spaces.Discrete(2)})
+        else:
+            self.observation_space = count_space
+        self.action_space = {
+            "discrete": gym.spaces.Discrete(2),
+            "multidiscrete": gym.spaces.MultiDiscrete([2, 3]),
+            "box": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+        }[action_kind]
+        self.count = 0
+
+    def _obs(self):
+        count = np.array([self.count], dtype=np.float32)
+        if self.obs_kind == "dict":
+            return {"count": count, "parity": self.count % 2}
+        return count
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.count = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), f"bad action {action!r}"
+        self.count += 1
+        ended = self.count >= self.length
+        return self._obs(), 1.0, ended and not self.truncate, ended and self.truncate, {}
+
+
+class StepRaisingEnv(CountingEnv):
+    """Fault injection: raises in `step` after `fail_after` steps in total."""
+
+    def __init__(self, fail_after: int = 20, **kwargs):
+        super().__init__(**kwargs)
+        self.fail_after = fail_after
+        self.total_steps = 0
+
+    def step(self, action):
+        self.total_steps += 1
+        if self.total_steps > self.fail_after:
+            raise RuntimeError("injected failure in step")
+        return super().step(action)

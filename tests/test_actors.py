@@ -1,0 +1,163 @@
+"""Sequential and subprocess actors: shapes, time order, broadcasts, the queue bound, clean stops."""
+
+import time
+from functools import partial
+
+import gymnasium as gym
+import pytest
+import torch
+
+from maze_cli.envs import EnvFactory
+from maze_cli.parallel import ActorFailure, SequentialDistributedActors, SubprocDistributedActors
+from maze_cli.policies import ActorCritic
+from maze_cli.seeding import derive_seeds
+from tests.envs import CountingEnv, StepRaisingEnv
+from tests.helpers import pid_alive, wait_until
+
+BACKENDS = [SequentialDistributedActors, SubprocDistributedActors]
+
+
+def make_policy(env: gym.Env) -> ActorCritic:
+    torch.manual_seed(0)
+    return ActorCritic(env.observation_space, env.action_space, hidden_sizes=(16,))
+
+
+def make_actors(cls, env_fn, n_steps=6, n_actors=2, batch_size=2, envs_per_actor=3, **kwargs):
+    return cls(env_fn, make_policy(env_fn()), n_steps, n_actors, batch_size, envs_per_actor=envs_per_actor, **kwargs)
+
+
+def force_action(policy: ActorCritic, action: int) -> dict:
+    """A state_dict whose policy always picks `action` (huge bias on its logit)."""
+    state = {k: v.clone() for k, v in policy.state_dict().items()}
+    last_bias = [k for k in state if k.startswith("policy_head") and k.endswith("bias")][-1]
+    state[last_bias].zero_()
+    state[last_bias][action] = 1e4
+    return state
+
+
+@pytest.mark.parametrize("cls", BACKENDS)
+def test_batches_are_time_major_with_the_expected_shapes(cls):
+    with make_actors(cls, partial(CountingEnv, length=4)) as actors:
+        batch, *_ = actors.collect_outputs("cpu")
+    T, B = 6, 2 * 3
+    assert batch.observations["obs"].shape == (T + 1, B, 1)
+    assert batch.actions.shape == (T, B)
+    assert batch.rewards.shape == batch.dones.shape == batch.behaviour_logp.shape == (T, B)
+    assert batch.policy_version.shape == (B,)
+    count = batch.observations["obs"][..., 0]
+    # Along time, the count rises by one per step and falls to 0 exactly where an episode ended.
+    for t in range(T):
+        expected = torch.where(batch.dones[t], torch.zeros(B), count[t] + 1)
+        assert torch.equal(count[t + 1], expected)
+    assert batch.dones.any()
+
+
+@pytest.mark.parametrize("cls", BACKENDS)
+def test_a_broadcast_reaches_the_actors(cls):
+    with make_actors(cls, partial(CountingEnv, length=50)) as actors:
+        first, *_ = actors.collect_outputs("cpu")
+        assert (first.policy_version == 0).all()
+        actors.broadcast_updated_policy(force_action(actors.policy, 1))
+        # Within the queue bound plus one rollout per actor, rollouts carry the new version and its actions.
+        for _ in range(10):
+            batch, *_ = actors.collect_outputs("cpu")
+            if (batch.policy_version == 1).all():
+                break
+        assert (batch.policy_version == 1).all()
+        assert (batch.actions == 1).all()
+        assert actors.get_stats_value("policy_lag", name="max") >= 0
+
+
+def test_the_queue_bound_holds():
+    actors = make_actors(SubprocDistributedActors, partial(CountingEnv, length=5), n_actors=3, batch_size=2, queue_out_of_sync_factor=1.5)
+    with actors:
+        assert actors.queue_size == 3
+        time.sleep(3.0)  # actors run ahead while the learner takes nothing
+        before = actors.filled_slots.qsize()
+        _, queue_before, queue_after, _ = actors.collect_outputs("cpu")
+        assert before == 3
+        assert queue_before <= 3 and queue_after <= 3
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_no_child_process_is_alive_after_stop(start_method):
+    actors = make_actors(SubprocDistributedActors, partial(CountingEnv, length=5), n_actors=2, start_method=start_method)
+    with actors:
+        actors.collect_outputs("cpu")
+        pids = [p.pid for p in actors.processes]
+        assert all(pid_alive(pid) for pid in pids)
+    assert not any(pid_alive(pid) for pid in pids)
+    actors.stop()  # a second stop is harmless
+
+
+def test_a_subproc_actor_reproduces_the_sequential_actor_exactly():
+    env_fn = EnvFactory({"id": "CartPole-v1"})
+    seeds = dict(actor_env_seeds=[11], actor_agent_seeds=[12])
+    collected = []
+    for cls in (SequentialDistributedActors, SubprocDistributedActors, SubprocDistributedActors):
+        with make_actors(cls, env_fn, n_steps=20, n_actors=1, batch_size=1, envs_per_actor=4, **seeds) as actors:
+            collected.append([actors.collect_outputs("cpu")[0] for _ in range(3)])
+    for other in collected[1:]:
+        for a, b in zip(collected[0], other):
+            assert torch.equal(a.observations["obs"], b.observations["obs"])
+            assert torch.equal(a.actions, b.actions)
+            assert torch.equal(a.behaviour_logp, b.behaviour_logp)
+
+
+def test_explicit_actor_env_seeds_are_used():
+    env_fn = EnvFactory({"id": "CartPole-v1"})
+    with make_actors(SequentialDistributedActors, env_fn, n_actors=2, batch_size=2, actor_env_seeds=[5, 6]) as actors:
+        batch, *_ = actors.collect_outputs("cpu")
+    for actor, seed in enumerate([5, 6]):
+        for j, env_seed in enumerate(derive_seeds(seed, "env", 3)):
+            first_obs, _ = gym.make("CartPole-v1").reset(seed=env_seed)
+            assert torch.equal(batch.observations["obs"][0, actor * 3 + j], torch.from_numpy(first_obs))
+
+
+@pytest.mark.parametrize("obs_kind,action_kind,width", [("dict", "multidiscrete", (2,)), ("box", "box", (2,)), ("dict", "discrete", ())])
+def test_every_supported_space_kind_flows_through(obs_kind, action_kind, width):
+    env_fn = partial(CountingEnv, length=3, obs_kind=obs_kind, action_kind=action_kind)
+    with make_actors(SequentialDistributedActors, env_fn) as actors:
+        batch, *_ = actors.collect_outputs("cpu")
+    assert batch.actions.shape == (6, 6) + width
+    assert set(batch.observations) == ({"count", "parity"} if obs_kind == "dict" else {"obs"})
+
+
+def test_truncated_episodes_record_a_value_to_bootstrap_from():
+    env_fn = partial(CountingEnv, length=3, truncate=True)
+    with make_actors(SequentialDistributedActors, env_fn) as actors:
+        batch, *_ = actors.collect_outputs("cpu")
+    assert (batch.final_values[batch.dones] != 0).all()
+    assert (batch.final_values[~batch.dones] == 0).all()
+
+
+@pytest.mark.parametrize("cls", BACKENDS)
+def test_an_actor_error_reaches_the_learner_with_index_seeds_and_traceback(cls):
+    env_fn = partial(StepRaisingEnv, fail_after=10)
+    actors = make_actors(cls, env_fn, n_actors=2, actor_env_seeds=[3, 4], actor_agent_seeds=[7, 8])
+    start = time.monotonic()
+    with pytest.raises(ActorFailure) as info, actors:
+        for _ in range(20):
+            actors.collect_outputs("cpu")
+    assert time.monotonic() - start < 30
+    assert "injected failure in step" in str(info.value)
+    assert info.value.actor_index in (0, 1)
+    assert info.value.env_seed == [3, 4][info.value.actor_index]
+    if cls is SubprocDistributedActors:
+        assert wait_until(lambda: not actors.processes)
+
+
+def test_a_killed_actor_is_noticed_within_seconds():
+    import os
+    import signal
+
+    actors = make_actors(SubprocDistributedActors, partial(CountingEnv, length=5), n_actors=2)
+    with pytest.raises(ActorFailure, match="exited"), actors:
+        actors.collect_outputs("cpu")
+        os.kill(actors.processes[1].pid, signal.SIGKILL)
+        start = time.monotonic()
+        try:
+            for _ in range(10_000):
+                actors.collect_outputs("cpu")
+        finally:
+            assert time.monotonic() - start < 5

@@ -1,0 +1,56 @@
+"""Bad input to `train`: one line naming the key and what is allowed, exit code 2, no traceback."""
+
+import pytest
+
+from tests.cli import run_train
+from tests.helpers import processes_with_env_tag
+
+
+def assert_one_line_error(result, *needles):
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("train: error: ")
+    assert "Traceback" not in result.stderr + result.stdout
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert processes_with_env_tag(result.tag) == []
+
+
+def test_no_env_lists_the_env_configs(tmp_path):
+    result = run_train(run_dir=tmp_path / "run")
+    assert_one_line_error(result, "+env=", "cartpole", "acrobot", "pendulum", "gym")
+
+
+@pytest.mark.parametrize(
+    "override,needles",
+    [
+        ("runner.n_actors=0", ["runner.n_actors=0", ">= 1"]),
+        ("algorithm.lr=-1", ["algorithm.lr=-1", "> 0"]),
+        ("runner.batch_size=many", ["runner.batch_size=many", "integer"]),
+        ("algorithm.lrr=0.1", ["algorithm.lrr", "did you mean 'lr'"]),
+        ("max_env_step=5", ["max_env_step", "did you mean 'max_env_steps'"]),
+        ("+runner.n_actor=3", ["runner.n_actor", "did you mean 'n_actors'"]),
+        ("runner=nonsense", ["runner=nonsense", "sequential", "subproc"]),
+        ("policy.activation=sigmoid", ["policy.activation=sigmoid", "tanh"]),
+        ("runner.actor_env_seeds=[1,2,3]", ["runner.actor_env_seeds", "one per actor"]),
+        ("device=gpu9", ["device=gpu9"]),
+        ("seed=[1,", ["seed=[1,"]),
+    ],
+)
+def test_a_bad_value_names_its_key(tmp_path, override, needles):
+    assert_one_line_error(run_train("+env=cartpole", override, run_dir=tmp_path / "run"), *needles)
+
+
+def test_an_unknown_env_id_is_named(tmp_path):
+    result = run_train("+env=gym", "env.id=NoSuchEnv-v0", run_dir=tmp_path / "run")
+    assert_one_line_error(result, "env.id=NoSuchEnv-v0")
+
+
+def test_the_gym_config_requires_an_id(tmp_path):
+    assert_one_line_error(run_train("+env=gym", run_dir=tmp_path / "run"), "env.id", "required")
+
+
+def test_a_bad_env_kwarg_is_reported_before_actors_start(tmp_path):
+    result = run_train("+env=gym", "env.id=CartPole-v1", "+env.kwargs.no_such_arg=1", run_dir=tmp_path / "run")
+    assert_one_line_error(result, "no_such_arg")

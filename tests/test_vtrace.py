@@ -1,0 +1,75 @@
+"""V-trace against values worked out by hand from the definitions in Espeholt et al. (2018)."""
+
+import math
+
+import pytest
+import torch
+
+from maze_cli.algorithms.impala import vtrace
+
+
+def col(*xs):
+    """A [T, 1] column."""
+    return torch.tensor(xs, dtype=torch.float64).unsqueeze(1)
+
+
+def run(rewards, values, bootstrap, discounts, log_ratio=None, **clips):
+    T = len(rewards)
+    behaviour = torch.zeros(T, 1, dtype=torch.float64)
+    target = behaviour if log_ratio is None else col(*log_ratio)
+    return vtrace(behaviour, target, col(*rewards), col(*values), torch.tensor([bootstrap], dtype=torch.float64), col(*discounts), **clips)
+
+
+def test_on_policy_reduces_to_n_step_returns():
+    # v_s = sum_k gamma^k r_{s+k} + gamma^(T-s) V(x_T); gamma = 0.9, V(x_3) = 2.
+    out = run([1, 2, 3], [0.5, 1.0, 1.5], 2.0, [0.9, 0.9, 0.9])
+    assert out.vs.squeeze(1).tolist() == pytest.approx([1 + 0.9 * 2 + 0.81 * 3 + 0.729 * 2, 2 + 0.9 * 3 + 0.81 * 2, 3 + 0.9 * 2])
+    # A_s = r_s + gamma v_{s+1} - V(x_s)
+    assert out.pg_advantages[0, 0].item() == pytest.approx(1 + 0.9 * 6.32 - 0.5)
+    assert out.pg_advantages[2, 0].item() == pytest.approx(3 + 0.9 * 2 - 1.5)
+
+
+def test_episode_end_cuts_the_return():
+    # The episode ends after step 1 (discount 0): v_1 = r_1, and v_0 does not see r_2.
+    out = run([1, 2, 3], [0.5, 1.0, 1.5], 2.0, [0.9, 0.0, 0.9])
+    assert out.vs.squeeze(1).tolist() == pytest.approx([1 + 0.9 * 2, 2, 3 + 0.9 * 2])
+
+
+def test_rho_is_clipped_at_rho_bar():
+    # pi/mu = 2 on one step: rho = min(rho_bar, 2); v_0 = V + rho (r + gamma V' - V) = 1 + rho * 1.8
+    ratio = [math.log(2.0)]
+    assert run([1], [1], 2.0, [0.9], ratio).vs.item() == pytest.approx(1 + 1.0 * 1.8)
+    assert run([1], [1], 2.0, [0.9], ratio, rho_bar=0.5).vs.item() == pytest.approx(1 + 0.5 * 1.8)
+    assert run([1], [1], 2.0, [0.9], ratio, rho_bar=5.0).vs.item() == pytest.approx(1 + 2.0 * 1.8)
+
+
+def test_traces_are_cut_by_c_bar():
+    # pi/mu = 0.5 on both steps: rho = 0.5, delta_t = 0.5 (1 + 0.9 - 1) = 0.45,
+    # v_0 - V = delta_0 + gamma c_0 delta_1 with c_0 = min(c_bar, 0.5).
+    ratio = [math.log(0.5)] * 2
+    assert run([1, 1], [1, 1], 1.0, [0.9, 0.9], ratio).vs[0, 0].item() == pytest.approx(1 + 0.45 + 0.9 * 0.5 * 0.45)
+    assert run([1, 1], [1, 1], 1.0, [0.9, 0.9], ratio, c_bar=0.2).vs[0, 0].item() == pytest.approx(1 + 0.45 + 0.9 * 0.2 * 0.45)
+
+
+def test_recursion_matches_the_sum_definition_off_policy():
+    # Eq. (1) summed directly, O(T^2), on random off-policy data with episode ends.
+    g = torch.Generator().manual_seed(0)
+    T, B, rho_bar, c_bar = 7, 3, 1.2, 0.9
+    log_ratio = torch.randn(T, B, generator=g, dtype=torch.float64)
+    rewards = torch.randn(T, B, generator=g, dtype=torch.float64)
+    values = torch.randn(T, B, generator=g, dtype=torch.float64)
+    bootstrap = torch.randn(B, generator=g, dtype=torch.float64)
+    discounts = 0.95 * (torch.rand(T, B, generator=g) > 0.2).double()
+    out = vtrace(torch.zeros(T, B, dtype=torch.float64), log_ratio, rewards, values, bootstrap, discounts, rho_bar, c_bar)
+
+    rho = log_ratio.exp().clamp(max=rho_bar)
+    c = log_ratio.exp().clamp(max=c_bar)
+    v_next = torch.cat([values[1:], bootstrap[None]])
+    delta = rho * (rewards + discounts * v_next - values)
+    expected = values.clone()
+    for s in range(T):
+        weight = torch.ones(B, dtype=torch.float64)
+        for t in range(s, T):
+            expected[s] += weight * delta[t]
+            weight = weight * discounts[t] * c[t]
+    torch.testing.assert_close(out.vs, expected)
