@@ -1,0 +1,95 @@
+"""End to end through the real `train` command: learning, outputs, seeds, user envs, clean exit."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.cli import run_train
+from tests.helpers import processes_with_env_tag
+
+REQUIRED_STATS = [
+    "epoch", "env_steps", "time_s", "sps", "train/return_mean", "train/return_min", "train/return_max",
+    "train/episode_length_mean", "learner/policy_loss", "learner/value_loss", "learner/entropy",
+    "learner/grad_norm", "policy_lag_mean", "queue_size", "time/wait_actors_s", "time/learner_s",
+]
+
+
+def read_stats(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "stats.jsonl").read_text().splitlines()]
+
+
+def without_timings(stats: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in ("time_s", "sps", "queue_size") and not k.startswith("time/") and not k.endswith("_s")} for row in stats]
+
+
+@pytest.mark.slow
+def test_cartpole_on_subprocess_actors_learns_far_above_random(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train("+env=cartpole", "runner=subproc", "max_env_steps=300000", "target_return=null", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    stats = read_stats(run_dir)
+    for key in REQUIRED_STATS:
+        assert key in stats[-1], key
+    assert stats[-1]["env_steps"] >= 300000
+    # A random policy averages about 22 on CartPole-v1.
+    assert max(row["train/return_mean"] for row in stats[-3:]) > 150, [row["train/return_mean"] for row in stats]
+    assert stats[0]["train/return_mean"] < 60
+
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "train.log").stat().st_size > 0
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["env_steps"] == stats[-1]["env_steps"]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    returns = events.Scalars("train/return_mean")
+    assert [e.step for e in returns] == [row["env_steps"] for row in stats]
+    assert returns[-1].value == pytest.approx(stats[-1]["train/return_mean"], rel=1e-5)
+    assert processes_with_env_tag(result.tag) == []
+
+
+def test_same_seed_gives_identical_sequential_runs_and_another_seed_differs(tmp_path):
+    common = ["+env=cartpole", "runner=sequential", "max_env_steps=12288", "epoch_length=2"]
+    runs = {}
+    for name, seed in [("a", 3), ("b", 3), ("c", 4)]:
+        result = run_train(*common, f"seed={seed}", run_dir=tmp_path / name)
+        assert result.returncode == 0, result.stderr
+        runs[name] = without_timings(read_stats(tmp_path / name))
+    assert len(runs["a"]) == 6
+    assert runs["a"] == runs["b"]
+    assert runs["a"] != runs["c"]
+
+
+def test_explicit_actor_seeds_override_the_derived_ones():
+    from maze_cli.cli.build import Settings, build_actors, check_env, build_policy
+    from maze_cli.cli.schema import ImpalaConfig, MlpPolicyConfig, SubprocRunnerConfig, TrainConfig
+    from maze_cli.seeding import derive_seeds
+
+    runner = SubprocRunnerConfig(n_actors=2, actor_env_seeds=[21, 22])
+    settings = Settings(TrainConfig(seed=5), {"id": "CartPole-v1"}, ImpalaConfig(), MlpPolicyConfig(), runner)
+    factory, obs_space, act_space = check_env(settings)
+    actors = build_actors(settings, factory, build_policy(settings, obs_space, act_space))
+    assert actors.actor_env_seeds == [21, 22]
+    assert actors.actor_agent_seeds == derive_seeds(5, "actor_agent", 2)
+
+
+@pytest.mark.parametrize("env_args", [["+env=pendulum"], ["+env=acrobot"], ["+env=gym", "env.id=MountainCar-v0", "env.max_episode_steps=50"]])
+def test_the_packaged_env_configs_run(tmp_path, env_args):
+    result = run_train(*env_args, "runner=sequential", "max_env_steps=3000", "epoch_length=2", run_dir=tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    assert read_stats(tmp_path / "run")[-1]["env_steps"] >= 3000
+
+
+def test_a_users_own_env_from_a_config_dir(tmp_path):
+    config_dir = tmp_path / "my_configs"
+    (config_dir / "env").mkdir(parents=True)
+    (config_dir / "env" / "counting.yaml").write_text(
+        "_target_: tests.envs.CountingEnv\nlength: 7\nobs_kind: dict\naction_kind: multidiscrete\n"
+    )
+    result = run_train("--config-dir", str(config_dir), "+env=counting", "runner.n_actors=2", "max_env_steps=2000",
+                       "epoch_length=1", run_dir=tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    stats = read_stats(tmp_path / "run")
+    assert stats[-1]["train/return_mean"] == 7.0  # every episode lasts exactly 7 steps, reward 1 each
+    assert processes_with_env_tag(result.tag) == []
