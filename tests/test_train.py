@@ -50,7 +50,7 @@ def test_cartpole_on_subprocess_actors_learns_far_above_random(tmp_path):
 
 
 def test_same_seed_gives_identical_sequential_runs_and_another_seed_differs(tmp_path):
-    common = ["+env=cartpole", "runner=sequential", "max_env_steps=12288", "epoch_length=2"]
+    common = ["+env=cartpole", "runner=sequential", "max_env_steps=6144", "epoch_length=2"]  # 6 epochs of 2 x 512 steps
     runs = {}
     for name, seed in [("a", 3), ("b", 3), ("c", 4)]:
         result = run_train(*common, f"seed={seed}", run_dir=tmp_path / name)
@@ -62,8 +62,8 @@ def test_same_seed_gives_identical_sequential_runs_and_another_seed_differs(tmp_
 
 
 def test_explicit_actor_seeds_override_the_derived_ones():
-    from maze_cli.cli.build import Settings, build_actors, check_env, build_policy
-    from maze_cli.cli.schema import ImpalaConfig, MlpPolicyConfig, SubprocRunnerConfig, TrainConfig
+    from maze_cli.cli.build import build_actors, build_policy, check_env
+    from maze_cli.cli.schema import ImpalaConfig, MlpPolicyConfig, Settings, SubprocRunnerConfig, TrainConfig
     from maze_cli.seeding import derive_seeds
 
     runner = SubprocRunnerConfig(n_actors=2, actor_env_seeds=[21, 22])

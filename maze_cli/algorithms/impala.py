@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from maze_cli.algorithms.optim import Adam
 from maze_cli.records import Rollout
 
 
@@ -68,13 +69,13 @@ def vtrace(
 
 @dataclass(frozen=True)
 class ImpalaHyperparameters:
-    lr: float = 6e-4
+    lr: float = 3e-3
     gamma: float = 0.99
     rho_bar: float = 1.0
     c_bar: float = 1.0
     value_coef: float = 0.5
     entropy_coef: float = 0.01
-    max_grad_norm: float = 40.0
+    max_grad_norm: float = 0.5
     adam_eps: float = 1e-5
 
 
@@ -85,7 +86,7 @@ class ImpalaLearner:
         self.policy = policy.to(device)
         self.hp = hp
         self.device = device
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=hp.lr, eps=hp.adam_eps)
+        self.optimizer = Adam(self.policy.parameters(), lr=hp.lr, eps=hp.adam_eps)
         self.updates = 0
 
     def update(self, batch: Rollout) -> dict[str, float]:
@@ -113,16 +114,16 @@ class ImpalaLearner:
         value_loss = 0.5 * (targets.vs - values).pow(2).mean()
         loss = policy_loss + hp.value_coef * value_loss - hp.entropy_coef * entropy
 
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         loss.backward()
         grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), hp.max_grad_norm)
         self.optimizer.step()
         self.updates += 1
         return {
-            "loss": float(loss.detach()),
-            "policy_loss": float(policy_loss),
-            "value_loss": float(value_loss),
-            "entropy": float(entropy),
+            "loss": loss.item(),
+            "policy_loss": policy_loss.item(),
+            "value_loss": value_loss.item(),
+            "entropy": entropy.item(),
             "grad_norm": float(grad_norm),
             "rho_mean": float(targets.clipped_rhos.mean()),
             "value_mean": float(values.detach().mean()),

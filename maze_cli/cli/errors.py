@@ -6,8 +6,6 @@ from hydra.errors import ConfigCompositionException, MissingConfigException, Ove
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from maze_cli.cli.schema import SCHEMAS, ConfigError, known_keys, suggest
-from maze_cli.envs.factory import ID_KEYS
-from maze_cli.parallel.distributed_actors import ActorFailure
 
 USER_ERRORS = (ConfigError, ConfigCompositionException, MissingConfigException, OverrideParseException)
 
@@ -22,6 +20,8 @@ def _unknown_key(full_key: str, argv: list[str]) -> str:
         return "no env chosen: add +env=<name> before setting env keys (e.g. +env=cartpole)"
     if not key:
         return f"{full_key}: unknown key{suggest(full_key, known_keys(None)) or '; see the README for the keys of train'}"
+    from maze_cli.envs.factory import ID_KEYS  # imports torch: only when needed
+
     candidates = list(ID_KEYS) if section == "env" else known_keys(section) if section in SCHEMAS else []
     hint = suggest(key.split(".")[-1], candidates)
     if not hint and candidates:
@@ -33,7 +33,7 @@ def explain(err: BaseException, argv: list[str]) -> str | None:
     """A one-line message for a user error, or None for anything else (a real crash)."""
     if isinstance(err, ConfigError):
         return str(err)
-    if isinstance(err, ActorFailure):
+    if type(err).__name__ == "ActorFailure":  # by name: importing it would load torch up front
         return str(err)
     if isinstance(err, MissingConfigException):
         group, _, name = str(err.missing_cfg_file or "").rpartition("/")

@@ -1,13 +1,15 @@
 """The config schema as dataclasses: checked (types, ranges, unknown keys) before anything starts.
 
 Each field may carry range metadata (`gt`, `ge`, `le`, `choices`); `validate_section` enforces it
-and turns every failure into a `ConfigError` naming the key and what is allowed.
+and turns every failure into a `ConfigError` naming the key and what is allowed. Nothing here
+imports torch, so a bad config fails fast.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import multiprocessing as mp
 import typing
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
@@ -43,14 +45,14 @@ class TrainConfig:
 @dataclass
 class ImpalaConfig:
     name: str = "impala"
-    lr: float = _f(6e-4, gt=0)
+    lr: float = _f(3e-3, gt=0)
     gamma: float = _f(0.99, ge=0, le=1)
     n_rollout_steps: int = _f(32, ge=1)
     rho_bar: float = _f(1.0, gt=0)
     c_bar: float = _f(1.0, gt=0)
     value_coef: float = _f(0.5, ge=0)
     entropy_coef: float = _f(0.01, ge=0)
-    max_grad_norm: float = _f(40.0, gt=0)
+    max_grad_norm: float = _f(0.5, gt=0)
     adam_eps: float = _f(1e-5, gt=0)
 
 
@@ -66,7 +68,7 @@ class MlpPolicyConfig:
 class SequentialRunnerConfig:
     name: str = "sequential"
     n_actors: int = _f(2, ge=1)
-    envs_per_actor: int = _f(16, ge=1)
+    envs_per_actor: int = _f(8, ge=1)
     batch_size: int = _f(2, ge=1)
     actor_env_seeds: Optional[List[int]] = None
     actor_agent_seeds: Optional[List[int]] = None
@@ -154,3 +156,46 @@ def validate_group(section: str, values: DictConfig) -> Any:
     if name not in options:
         raise ConfigError(f"{section}.name={name}: unknown {section}; available: {', '.join(options)}")
     return validate_section(options[name], values, f"{section}.", f"{section} '{name}'")
+
+
+class NoEnvError(ConfigError):
+    """`train` was run without `+env=...`."""
+
+    def __init__(self, options: list[str]):
+        listed = ", ".join(options) if options else "(none found)"
+        super().__init__(f"no env chosen: add +env=<name>, one of: {listed} (or your own env config via --config-dir)")
+
+
+@dataclass
+class Settings:
+    """The validated config of a run, as plain typed objects."""
+
+    train: TrainConfig
+    env: dict[str, Any]
+    algorithm: Any
+    policy: Any
+    runner: Any
+
+
+def validate(cfg: DictConfig, env_options: list[str]) -> Settings:
+    """Check every key of the composed config; raise ConfigError naming the first bad one."""
+    if cfg.get("env") is None:
+        raise NoEnvError(env_options)
+    top = {k: cfg[k] for k in cfg if k not in SCHEMAS and k != "env"}
+    train = validate_section(TrainConfig, top, "", "train")
+    try:
+        env = OmegaConf.to_container(cfg.env, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as err:
+        raise ConfigError(f"env.{err.key}: a value is required (e.g. +env=gym env.id=Acrobot-v1)") from None
+    if not isinstance(env, dict):
+        raise ConfigError(f"env: expected a mapping of env settings, got {env!r}")
+    groups = {section: validate_group(section, cfg[section]) for section in SCHEMAS}
+    runner = groups["runner"]
+    for key in ("actor_env_seeds", "actor_agent_seeds"):
+        seeds = getattr(runner, key)
+        if seeds is not None and len(seeds) != runner.n_actors:
+            raise ConfigError(f"runner.{key} has {len(seeds)} seeds: give one per actor (runner.n_actors={runner.n_actors})")
+    start_method = getattr(runner, "start_method", None)
+    if start_method is not None and start_method not in mp.get_all_start_methods():
+        raise ConfigError(f"runner.start_method={start_method}: not available here; use one of {', '.join(mp.get_all_start_methods())}")
+    return Settings(train=train, env=env, **groups)

@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from maze_cli.cli.errors import explain, exit_code
-from maze_cli.cli.schema import ConfigError
+from maze_cli.cli.schema import ConfigError, validate
 from maze_cli.cli.paths import config_dir
 
 log = logging.getLogger("maze_cli")
@@ -32,15 +32,22 @@ def _env_options() -> list[str]:
 
 def run_train(cfg: DictConfig) -> dict:
     """The task: everything after composition. Returns a summary of the run."""
+    settings = validate(cfg, _env_options())
+    if settings.runner.name == "subproc":
+        # Before torch is imported here: the forkserver loads it on the other core meanwhile.
+        from maze_cli.start_methods import warm_up_start_method
+
+        warm_up_start_method(settings.runner.start_method)
+
     import torch
 
     from maze_cli.checkpoint import save_checkpoint
-    from maze_cli.cli.build import build_actors, build_learner, build_policy, check_env, validate
+    from maze_cli.cli.build import build_actors, build_learner, build_policy, check_device, check_env
     from maze_cli.seeding import derive_seed, seed_everything
     from maze_cli.stats.writers import ConsoleTable, JsonlWriter, TensorBoardWriter
     from maze_cli.training import Budget, Trainer
 
-    settings = validate(cfg, _env_options())
+    check_device(settings.train.device)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     torch.set_num_threads(settings.train.torch_threads)
     env_factory, observation_space, action_space = check_env(settings)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import multiprocessing as mp
 import multiprocessing.connection
-import os
+
 import queue
 import time
 import traceback
@@ -25,14 +25,10 @@ from maze_cli.parallel.actor_loop import Actor
 from maze_cli.parallel.distributed_actors import ActorFailure, DistributedActors
 from maze_cli.parallel.shared_weights import SharedWeights
 from maze_cli.records import Rollout, RolloutSpec
+from maze_cli.start_methods import default_start_method, warm_up_start_method
 
 _POLL_S = 0.2
 _JOIN_TIMEOUT_S = 5.0
-
-
-def default_start_method() -> str:
-    """forkserver where the platform has it (fast, safe with threads), else spawn."""
-    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
 def _put(q, item, stop_event) -> bool:
@@ -136,8 +132,7 @@ class SubprocDistributedActors(DistributedActors):
 
     def start(self) -> None:
         ctx = mp.get_context(self.start_method)
-        if self.start_method == "forkserver":
-            ctx.set_forkserver_preload(["torch", "gymnasium", "maze_cli.parallel.subproc"])
+        warm_up_start_method(self.start_method)
         self.slots = self.rollout_spec.allocate(shared=True, n_slots=self.queue_size + self.n_actors)
         self.free_slots = ctx.Queue()
         for slot in range(self.queue_size + self.n_actors):
