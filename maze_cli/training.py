@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from maze_cli.algorithms.impala import ImpalaLearner
 from maze_cli.parallel.distributed_actors import DistributedActors
@@ -84,7 +85,8 @@ class Trainer:
     def run(self) -> TrainResult:
         start = time.perf_counter()
         reason = None
-        with tqdm(
+        # Log lines go through tqdm while the bar is up, so table rows never tear the bar.
+        with logging_redirect_tqdm(), tqdm(
             total=self.budget.max_env_steps, unit="step", unit_scale=True, disable=None if self.progress is None else not self.progress,
             dynamic_ncols=True, leave=False,
         ) as bar:

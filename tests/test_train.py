@@ -93,3 +93,22 @@ def test_a_users_own_env_from_a_config_dir(tmp_path):
     stats = read_stats(tmp_path / "run")
     assert stats[-1]["train/return_mean"] == 7.0  # every episode lasts exactly 7 steps, reward 1 each
     assert processes_with_env_tag(result.tag) == []
+
+
+def test_max_time_s_stops_the_run(tmp_path):
+    result = run_train("+env=cartpole", "runner=sequential", "max_time_s=2", "max_env_steps=100000000", "epoch_length=5",
+                       run_dir=tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    assert "stopped: max_time_s" in result.stdout
+    assert 2 <= read_stats(tmp_path / "run")[-1]["time_s"] < 10
+
+
+@pytest.mark.parametrize("runner", ["sequential", "subproc"])
+def test_an_env_that_raises_in_an_actor_ends_the_run_with_its_error(tmp_path, runner):
+    config_dir = tmp_path / "my_configs"
+    (config_dir / "env").mkdir(parents=True)
+    (config_dir / "env" / "flaky.yaml").write_text("_target_: tests.envs.StepRaisingEnv\nfail_after: 300\n")
+    result = run_train("--config-dir", str(config_dir), "+env=flaky", f"runner={runner}", run_dir=tmp_path / "run", timeout=60)
+    assert result.returncode == 1
+    assert "train: error: actor" in result.stderr and "injected failure in step" in result.stderr
+    assert processes_with_env_tag(result.tag) == []

@@ -42,6 +42,7 @@ def run_train(cfg: DictConfig) -> dict:
     import torch
 
     from maze_cli.checkpoint import save_checkpoint
+    from maze_cli.envs.spaces import describe_space
     from maze_cli.cli.build import build_actors, build_learner, build_policy, check_device, check_env
     from maze_cli.seeding import derive_seed, seed_everything
     from maze_cli.stats.writers import ConsoleTable, JsonlWriter, TensorBoardWriter
@@ -62,7 +63,7 @@ def run_train(cfg: DictConfig) -> dict:
     writers = [ConsoleTable(), JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")]
     log.info(f"run dir: {run_dir}")
     log.info(
-        f"env {env_factory.describe()}: observations {observation_space}, actions {action_space}; "
+        f"env {env_factory.describe()}: observations {describe_space(observation_space)}, actions {describe_space(action_space)}; "
         f"{settings.runner.name} runner, {actors.n_actors} actors x {actors.envs_per_actor} envs"
     )
 

@@ -56,6 +56,15 @@ def observation_specs(space: gym.Space) -> dict[str, TensorSpec]:
     return specs
 
 
+def describe_space(space: gym.Space) -> str:
+    """A short human description, e.g. 'Box(4,) float32' or 'Dict(pos: Box(2,) float32, goal: Discrete(5))'."""
+    if isinstance(space, gym.spaces.Dict):
+        return "Dict(" + ", ".join(f"{k}: {describe_space(s)}" for k, s in space.spaces.items()) + ")"
+    if isinstance(space, gym.spaces.Box):
+        return f"Box{tuple(space.shape)} {space.dtype}"
+    return repr(space)
+
+
 def action_spec(space: gym.Space) -> TensorSpec:
     """The tensor spec of one action: a scalar index, or a flat vector (reshaped in `action_to_env`)."""
     if isinstance(space, gym.spaces.Discrete):
