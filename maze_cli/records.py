@@ -5,9 +5,10 @@ record (in shared memory for the subprocess backend), and the learner concatenat
 along the batch dimension. Shapes: observations `[T+1, B, ...]` (the last row is the observation to
 bootstrap from), everything per step `[T, B, ...]`, the policy version `[B]`.
 
-`dones[t]` marks an episode that ended after step t, by termination or by truncation. A truncated
-episode did not really end, so the actor records the value of its final observation in
-`final_values[t]` (zero otherwise) and the learner bootstraps from it.
+`terminated[t]` / `truncated[t]` mark an episode that ended after step t. Then `observations[t+1]`
+is already the first observation of the next episode, so for a truncated episode (a time limit:
+the state was not terminal) the actor keeps its real last observation in `final_observations[t]`
+(zeros elsewhere), and learners bootstrap from it.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ class RolloutSpec:
             actions=empty((t, b), self.action),
             behaviour_logp=empty((t, b), TensorSpec((), torch.float32)),
             rewards=empty((t, b), TensorSpec((), torch.float32)),
-            dones=empty((t, b), TensorSpec((), torch.bool)),
-            final_values=empty((t, b), TensorSpec((), torch.float32)),
+            terminated=empty((t, b), TensorSpec((), torch.bool)),
+            truncated=empty((t, b), TensorSpec((), torch.bool)),
+            final_observations={k: empty((t, b), s) for k, s in self.observations.items()},
             policy_version=empty((b,), TensorSpec((), torch.int64)),
         )
 
@@ -67,9 +69,15 @@ class Rollout:
     actions: torch.Tensor
     behaviour_logp: torch.Tensor
     rewards: torch.Tensor
-    dones: torch.Tensor
-    final_values: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    final_observations: dict[str, torch.Tensor]
     policy_version: torch.Tensor
+
+    @property
+    def dones(self) -> torch.Tensor:
+        """The episode ended after this step, for either reason."""
+        return self.terminated | self.truncated
 
     @property
     def n_steps(self) -> int:

@@ -1,4 +1,8 @@
-"""The learner loop, the same for every backend: collect, update, broadcast, log at epoch end."""
+"""The learner loop, the same for every backend and algorithm: iterate, log at epoch end, stop on budget.
+
+An algorithm supplies a `TrainingLoop`: one `iteration()` takes experience from its actors or
+workers, learns from it and publishes new weights. The Trainer owns epochs, budgets and stats.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,28 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from maze_cli.algorithms.impala import ImpalaLearner
-from maze_cli.parallel.distributed_actors import DistributedActors
 from maze_cli.stats.aggregator import EpochStatsAggregator
 from maze_cli.stats.writers import StatsWriter
 
 log = logging.getLogger("maze_cli")
+
+
+class TrainingLoop(Protocol):
+    """One algorithm's way of turning experience into updates."""
+
+    actor_stats: EpochStatsAggregator  # episode_return, episode_length, policy_lag, actor_* timings
+    learner_stats: EpochStatsAggregator  # learner/* (averaged), time/* (summed), anything else (averaged)
+
+    def iteration(self) -> int:
+        """Take experience, learn, broadcast; return the env steps consumed."""
+
+    def updates(self) -> int:
+        """Gradient updates so far."""
 
 
 @dataclass(frozen=True)
@@ -45,25 +60,20 @@ class Trainer:
 
     def __init__(
         self,
-        actors: DistributedActors,
-        learner: ImpalaLearner,
+        loop: TrainingLoop,
         budget: Budget,
         writers: Sequence[StatsWriter],
-        device: str = "cpu",
         progress: bool | None = None,
         on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
     ):
-        self.actors = actors
-        self.learner = learner
+        self.loop = loop
         self.budget = budget
         self.writers = list(writers)
-        self.device = device
         self.progress = progress
         self.on_epoch_end = on_epoch_end
         self.env_steps = 0
         self.epoch = 0
         self.window: deque[float] = deque(maxlen=budget.target_window)
-        self.learner_stats = EpochStatsAggregator()
 
     def window_mean(self) -> float | None:
         """Mean return of the last `target_window` episodes (None until the window is full)."""
@@ -109,28 +119,13 @@ class Trainer:
         return TrainResult(self.epoch, self.env_steps, elapsed, reason, self.window_mean())
 
     def _one_update(self) -> None:
-        actor_stats = self.actors.get_epoch_stats_aggregator()
-        n_episodes = len(actor_stats.values("episode_return"))
-        t0 = time.perf_counter()
-        batch, queue_before, queue_after, dequeue_s = self.actors.collect_outputs(self.device)
-        t1 = time.perf_counter()
-        update = self.learner.update(batch)
-        t2 = time.perf_counter()
-        self.actors.broadcast_updated_policy(self.learner.policy.state_dict())
-        t3 = time.perf_counter()
-        self.env_steps += batch.rewards.numel()
-        self.window.extend(actor_stats.values("episode_return")[n_episodes:])
-        stats = self.learner_stats
-        for key, value in update.items():
-            stats.add(f"learner/{key}", value)
-        stats.add("queue_size", queue_before)
-        stats.add("time/wait_actors_s", t1 - t0)
-        stats.add("time/dequeue_s", dequeue_s)
-        stats.add("time/learner_s", t2 - t1)
-        stats.add("time/broadcast_s", t3 - t2)
+        returns = self.loop.actor_stats.values("episode_return")
+        n_episodes = len(returns)
+        self.env_steps += self.loop.iteration()
+        self.window.extend(self.loop.actor_stats.values("episode_return")[n_episodes:])
 
     def _epoch_stats(self, elapsed: float, epoch_s: float, steps_before: int) -> dict[str, Any]:
-        actor, learner = self.actors.get_epoch_stats_aggregator(), self.learner_stats
+        actor, learner = self.loop.actor_stats, self.loop.learner_stats
         stats: dict[str, Any] = {
             "epoch": self.epoch,
             "env_steps": self.env_steps,
@@ -142,18 +137,15 @@ class Trainer:
             "train/return_max": actor.get("episode_return", "max"),
             "train/episode_length_mean": actor.get("episode_length", "mean"),
             "train/return_window_mean": self.window_mean(),
-            "learner/updates": self.learner.updates,
+            "learner/updates": self.loop.updates(),
             "policy_lag_mean": actor.get("policy_lag", "mean"),
             "policy_lag_max": actor.get("policy_lag", "max"),
-            "queue_size": learner.get("queue_size", "mean"),
         }
         for event in learner.events():
-            if event.startswith("learner/"):
-                stats[event] = learner.get(event, "mean")
-        for event in ("time/wait_actors_s", "time/dequeue_s", "time/learner_s", "time/broadcast_s"):
-            stats[event] = learner.get(event, "sum")
+            stats[event] = learner.get(event, "sum" if event.startswith("time/") else "mean")
         stats["time/epoch_s"] = epoch_s
-        stats["time/wait_actors_frac"] = stats["time/wait_actors_s"] / max(epoch_s, 1e-9)
+        if "time/wait_actors_s" in stats:
+            stats["time/wait_actors_frac"] = stats["time/wait_actors_s"] / max(epoch_s, 1e-9)
         for event in ("actor_env_step_s", "actor_inference_s", "actor_wait_s"):
             if actor.values(event):
                 stats[f"time/{event}"] = actor.get(event, "sum")

@@ -123,12 +123,15 @@ def test_every_supported_space_kind_flows_through(obs_kind, action_kind, width):
     assert set(batch.observations) == ({"count", "parity"} if obs_kind == "dict" else {"obs"})
 
 
-def test_truncated_episodes_record_a_value_to_bootstrap_from():
+def test_truncated_episodes_keep_their_final_observation():
     env_fn = partial(CountingEnv, length=3, truncate=True)
     with make_actors(SequentialDistributedActors, env_fn) as actors:
         batch, *_ = actors.collect_outputs("cpu")
-    assert (batch.final_values[batch.dones] != 0).all()
-    assert (batch.final_values[~batch.dones] == 0).all()
+    assert batch.truncated.any() and not batch.terminated.any()
+    final = batch.final_observations["obs"][..., 0]
+    assert (final[batch.truncated] == 3).all()  # the count when the time limit hit
+    assert (final[~batch.truncated] == 0).all()
+    assert (batch.observations["obs"][1:][batch.truncated][..., 0] == 0).all()  # next row: already reset
 
 
 @pytest.mark.parametrize("cls", BACKENDS)

@@ -14,7 +14,9 @@ import torch
 from torch import nn
 
 from maze_cli.algorithms.optim import Adam
+from maze_cli.parallel.distributed_actors import DistributedActors
 from maze_cli.records import Rollout
+from maze_cli.stats.aggregator import EpochStatsAggregator
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,6 @@ class ImpalaLearner:
     def update(self, batch: Rollout) -> dict[str, float]:
         """One gradient step on a time-major batch; returns the learner's stats for this step."""
         hp = self.hp
-        t_start = time.perf_counter()
         T, B = batch.n_steps, batch.n_envs
         # One forward pass over all T+1 observations gives V(x_0..x_T): the last row bootstraps.
         flat_obs = {k: v.reshape((T + 1) * B, *v.shape[2:]) for k, v in batch.observations.items()}
@@ -105,7 +106,7 @@ class ImpalaLearner:
         entropy = dist.entropy(params).mean()
 
         discounts = hp.gamma * (~batch.dones).float()
-        rewards = batch.rewards + hp.gamma * batch.final_values
+        rewards = self._bootstrap_truncated(batch)
         targets = vtrace(
             batch.behaviour_logp, target_logp.detach(), rewards, values.detach(), bootstrap_value.detach(),
             discounts, hp.rho_bar, hp.c_bar,
@@ -127,8 +128,48 @@ class ImpalaLearner:
             "grad_norm": float(grad_norm),
             "rho_mean": float(targets.clipped_rhos.mean()),
             "value_mean": float(values.detach().mean()),
-            "update_s": time.perf_counter() - t_start,
         }
+
+    @torch.no_grad()
+    def _bootstrap_truncated(self, batch: Rollout) -> torch.Tensor:
+        """Rewards with gamma * V(final observation) added where an episode was truncated, not ended."""
+        rewards = batch.rewards.clone()
+        where = batch.truncated.nonzero(as_tuple=True)
+        if where[0].numel():
+            final_obs = {k: v[where] for k, v in batch.final_observations.items()}
+            rewards[where] += self.hp.gamma * self.policy(final_obs)[1]
+        return rewards
 
     def state_dict(self) -> dict:
         return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "updates": self.updates}
+
+
+class ImpalaLoop:
+    """One IMPALA iteration: take a batch of rollouts from the actors, update, broadcast."""
+
+    def __init__(self, actors: DistributedActors, learner: ImpalaLearner):
+        self.actors = actors
+        self.learner = learner
+        self.actor_stats = actors.get_epoch_stats_aggregator()
+        self.learner_stats = EpochStatsAggregator()
+
+    def updates(self) -> int:
+        return self.learner.updates
+
+    def iteration(self) -> int:
+        t0 = time.perf_counter()
+        batch, queue_before, _, dequeue_s = self.actors.collect_outputs(self.learner.device)
+        t1 = time.perf_counter()
+        update = self.learner.update(batch)
+        t2 = time.perf_counter()
+        self.actors.broadcast_updated_policy(self.learner.policy.state_dict())
+        t3 = time.perf_counter()
+        stats = self.learner_stats
+        for key, value in update.items():
+            stats.add(f"learner/{key}", value)
+        stats.add("queue_size", queue_before)
+        stats.add("time/wait_actors_s", t1 - t0)
+        stats.add("time/dequeue_s", dequeue_s)
+        stats.add("time/learner_s", t2 - t1)
+        stats.add("time/broadcast_s", t3 - t2)
+        return batch.rewards.numel()

@@ -46,6 +46,7 @@ def run_train(cfg: DictConfig) -> dict:
     from maze_cli.cli.build import build_actors, build_learner, build_policy, check_device, check_env
     from maze_cli.seeding import derive_seed, seed_everything
     from maze_cli.stats.writers import ConsoleTable, JsonlWriter, TensorBoardWriter
+    from maze_cli.algorithms.impala import ImpalaLoop
     from maze_cli.training import Budget, Trainer
 
     check_device(settings.train.device)
@@ -81,7 +82,7 @@ def run_train(cfg: DictConfig) -> dict:
             },
         )
 
-    trainer = Trainer(actors, learner, budget, writers, device=t.device)
+    trainer = Trainer(ImpalaLoop(actors, learner), budget, writers)
     try:
         with actors:
             result = trainer.run()

@@ -61,7 +61,8 @@ class Actor:
         self.episode_return = np.zeros(n_envs, dtype=np.float64)
         self.episode_length = np.zeros(n_envs, dtype=np.int64)
         self._rewards = np.zeros(n_envs, dtype=np.float32)
-        self._dones = np.zeros(n_envs, dtype=bool)
+        self._terminated = np.zeros(n_envs, dtype=bool)
+        self._truncated = np.zeros(n_envs, dtype=bool)
 
     def load_policy(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Adopt a new policy version (copying the weights into the local module)."""
@@ -85,8 +86,9 @@ class Actor:
         t_env = t_inference = 0.0
         for key, value in self.current_obs.items():
             out.observations[key][0].copy_(value)
-        out.final_values.zero_()
         out.policy_version.fill_(self.policy_version)
+        for value in out.final_observations.values():
+            value.zero_()
         for t in range(self.n_steps):
             t0 = time.perf_counter()
             obs_t = {key: value[t] for key, value in out.observations.items()}
@@ -97,10 +99,11 @@ class Actor:
             next_obs, truncated_final = self._step_envs(actions.numpy(), info)
             self.writer.write(next_obs, {key: value[t + 1] for key, value in out.observations.items()})
             out.rewards[t].copy_(torch.from_numpy(self._rewards))
-            out.dones[t].copy_(torch.from_numpy(self._dones))
+            out.terminated[t].copy_(torch.from_numpy(self._terminated))
+            out.truncated[t].copy_(torch.from_numpy(self._truncated))
+            for i, final_obs in truncated_final.items():
+                self.writer.write_one(final_obs, i, {key: value[t] for key, value in out.final_observations.items()})
             t2 = time.perf_counter()
-            if truncated_final:
-                out.final_values[t].copy_(self._final_values(truncated_final))
             t_env += t2 - t1
             t_inference += t1 - t0 + time.perf_counter() - t2
         for key, value in self.current_obs.items():
@@ -118,26 +121,19 @@ class Actor:
             self._rewards[i] = reward
             self.episode_return[i] += reward
             self.episode_length[i] += 1
-            done = terminated or truncated
-            self._dones[i] = done
-            if done:
+            truncated = truncated and not terminated
+            self._terminated[i] = terminated
+            self._truncated[i] = truncated
+            if terminated or truncated:
                 info.episode_returns.append(float(self.episode_return[i]))
                 info.episode_lengths.append(int(self.episode_length[i]))
                 self.episode_return[i] = 0.0
                 self.episode_length[i] = 0
-                if truncated and not terminated:
+                if truncated:
                     truncated_final[i] = obs
                 obs, _ = env.reset()
             next_obs.append(obs)
         return next_obs, truncated_final
-
-    def _final_values(self, truncated_final: dict[int, object]) -> torch.Tensor:
-        """Values of the final observations of truncated episodes, zero for every other env."""
-        values = torch.zeros(self.n_envs)
-        obs = {k: torch.zeros((len(truncated_final),) + v.shape[1:], dtype=v.dtype) for k, v in self.current_obs.items()}
-        self.writer.write(list(truncated_final.values()), obs)
-        values[list(truncated_final)] = self.policy.value(obs)
-        return values
 
     def close(self) -> None:
         for env in self.envs:
