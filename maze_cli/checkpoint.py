@@ -19,3 +19,14 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def load_policy(path: Path):
+    """Rebuild the policy a checkpoint was trained with (its blueprint) and load its weights."""
+    from maze_cli.cli.build import PolicyBlueprint
+
+    payload = load_checkpoint(path)
+    blueprint = PolicyBlueprint(**payload["policy_blueprint"])
+    policy = blueprint.build()
+    policy.load_state_dict(payload["learner"]["policy"])
+    return policy

@@ -137,3 +137,52 @@ class RolloutInfo:
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Transitions:
+    """Flat single-step transitions `[N, ...]`, what an off-policy learner trains on.
+
+    `next_observations` is the real successor of `observations` (the final observation for a
+    truncated episode), and `terminated` says whether bootstrapping from it must stop.
+    """
+
+    observations: dict[str, torch.Tensor]
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    next_observations: dict[str, torch.Tensor]
+    terminated: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.actions.shape[0]
+
+    @staticmethod
+    def from_rollout(rollout: Rollout) -> "Transitions":
+        """Split a time-major rollout `[T, B]` into `T*B` transitions."""
+        T, B = rollout.n_steps, rollout.n_envs
+        truncated = rollout.truncated
+
+        def flat(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(T * B, *t.shape[2:])
+
+        def successor(key: str) -> torch.Tensor:
+            nxt = rollout.observations[key][1:]
+            mask = truncated.reshape(T, B, *([1] * (nxt.dim() - 2)))
+            return flat(torch.where(mask, rollout.final_observations[key], nxt))
+
+        return Transitions(
+            observations={k: flat(v[:T]) for k, v in rollout.observations.items()},
+            actions=flat(rollout.actions),
+            rewards=flat(rollout.rewards),
+            next_observations={k: successor(k) for k in rollout.observations},
+            terminated=flat(rollout.terminated),
+        )
+
+    def to(self, device: str | torch.device) -> "Transitions":
+        return Transitions(
+            {k: v.to(device) for k, v in self.observations.items()},
+            self.actions.to(device),
+            self.rewards.to(device),
+            {k: v.to(device) for k, v in self.next_observations.items()},
+            self.terminated.to(device),
+        )

@@ -29,19 +29,24 @@ class Adam:
 
     @torch.no_grad()
     def step(self) -> None:
+        """One update of every parameter that has a gradient, as a few fused multi-tensor ops."""
+        live = [(p, m, v) for p, m, v in zip(self.params, self.exp_avg, self.exp_avg_sq) if p.grad is not None]
+        if not live:
+            return
+        params, m, v = (list(x) for x in zip(*live))
+        grads = [p.grad for p in params]
         self.steps += 1
         beta1, beta2 = self.betas
         bias1 = 1 - beta1**self.steps
         bias2 = 1 - beta2**self.steps
-        step_size = self.lr / bias1
-        for p, m, v in zip(self.params, self.exp_avg, self.exp_avg_sq):
-            if p.grad is None:
-                continue
-            g = p.grad
-            m.mul_(beta1).add_(g, alpha=1 - beta1)
-            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-            denom = (v.sqrt() / math.sqrt(bias2)).add_(self.eps)
-            p.addcdiv_(m, denom, value=-step_size)
+        torch._foreach_mul_(m, beta1)
+        torch._foreach_add_(m, grads, alpha=1 - beta1)
+        torch._foreach_mul_(v, beta2)
+        torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
+        denom = torch._foreach_sqrt(v)
+        torch._foreach_div_(denom, math.sqrt(bias2))
+        torch._foreach_add_(denom, self.eps)
+        torch._foreach_addcdiv_(params, m, denom, value=-self.lr / bias1)
 
     def state_dict(self) -> dict:
         return {"steps": self.steps, "exp_avg": [t.clone() for t in self.exp_avg], "exp_avg_sq": [t.clone() for t in self.exp_avg_sq]}

@@ -57,10 +57,46 @@ class ImpalaConfig:
 
 
 @dataclass
+class SacConfig:
+    name: str = "sac"
+    lr: float = _f(1e-3, gt=0)
+    alpha_lr: float = _f(1e-3, gt=0)
+    gamma: float = _f(0.99, ge=0, le=1)
+    tau: float = _f(0.005, gt=0, le=1)
+    init_alpha: float = _f(1.0, gt=0)
+    target_entropy: Optional[float] = None
+    target_entropy_scale: float = _f(0.5, gt=0, le=1)
+    n_rollout_steps: int = _f(8, ge=1)
+    rollouts_per_iteration: int = _f(1, ge=1)
+    batch_size: int = _f(256, ge=1)
+    replay_ratio: float = _f(1.0, gt=0)
+    initial_buffer_size: int = _f(1000, ge=0)
+    initial_sampling_policy: Any = None
+    split_rollouts_into_transitions: bool = True
+
+
+@dataclass
+class UniformReplayConfig:
+    name: str = "uniform"
+    capacity: int = _f(1_000_000, ge=1)
+    seed: Optional[int] = _f(None, ge=0)
+
+
+@dataclass
+class PrioritizedReplayConfig(UniformReplayConfig):
+    name: str = "prioritized"
+    alpha: float = _f(0.6, ge=0)
+    beta: float = _f(0.4, ge=0, le=1)
+    beta_final: float = _f(1.0, ge=0, le=1)
+    beta_anneal_samples: int = _f(100_000, ge=1)
+    eps: float = _f(1e-6, gt=0)
+
+
+@dataclass
 class MlpPolicyConfig:
     name: str = "mlp"
     hidden_sizes: List[int] = _f([64, 64], ge=1)
-    activation: str = _f("tanh", choices=("tanh", "relu", "elu"))
+    activation: Optional[str] = _f(None, choices=("tanh", "relu", "elu"))  # None: the algorithm's choice
     shared_torso: bool = False
 
 
@@ -82,9 +118,10 @@ class SubprocRunnerConfig(SequentialRunnerConfig):
 
 
 SCHEMAS: dict[str, dict[str, type]] = {
-    "algorithm": {"impala": ImpalaConfig},
+    "algorithm": {"impala": ImpalaConfig, "sac": SacConfig},
     "policy": {"mlp": MlpPolicyConfig},
     "runner": {"sequential": SequentialRunnerConfig, "subproc": SubprocRunnerConfig},
+    "replay_buffer": {"uniform": UniformReplayConfig, "prioritized": PrioritizedReplayConfig},
 }
 
 
@@ -175,6 +212,7 @@ class Settings:
     algorithm: Any
     policy: Any
     runner: Any
+    replay_buffer: Any
 
 
 def validate(cfg: DictConfig, env_options: list[str]) -> Settings:

@@ -6,6 +6,7 @@ Errors in the user's input end in one line on stderr and exit code 2, never a tr
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -42,11 +43,10 @@ def run_train(cfg: DictConfig) -> dict:
     import torch
 
     from maze_cli.checkpoint import save_checkpoint
+    from maze_cli.cli.build import build_run, check_device, check_env
     from maze_cli.envs.spaces import describe_space
-    from maze_cli.cli.build import build_actors, build_learner, build_policy, check_device, check_env
     from maze_cli.seeding import derive_seed, seed_everything
     from maze_cli.stats.writers import ConsoleTable, JsonlWriter, TensorBoardWriter
-    from maze_cli.algorithms.impala import ImpalaLoop
     from maze_cli.training import Budget, Trainer
 
     check_device(settings.train.device)
@@ -56,35 +56,32 @@ def run_train(cfg: DictConfig) -> dict:
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
 
     seed_everything(derive_seed(settings.train.seed, "learner"))
-    policy = build_policy(settings, observation_space, action_space)
-    learner = build_learner(settings, policy)
-    actors = build_actors(settings, env_factory, policy)
+    run = build_run(settings, env_factory, observation_space, action_space)
     t = settings.train
     budget = Budget(t.max_env_steps, t.max_time_s, t.target_return, t.target_window, t.epoch_length)
     writers = [ConsoleTable(), JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")]
     log.info(f"run dir: {run_dir}")
     log.info(
         f"env {env_factory.describe()}: observations {describe_space(observation_space)}, actions {describe_space(action_space)}; "
-        f"{settings.runner.name} runner, {actors.n_actors} actors x {actors.envs_per_actor} envs"
+        f"{settings.algorithm.name} with {settings.runner.name} runner, {settings.runner.n_actors} actors x {settings.runner.envs_per_actor} envs"
     )
+    trainer = Trainer(run.loop, budget, writers)
 
     def checkpoint(reason: str) -> None:
         save_checkpoint(
             run_dir / "checkpoints" / "last.pt",
             {
-                "learner": learner.state_dict(),
+                "learner": run.learner.state_dict(),
+                "policy_blueprint": dataclasses.asdict(run.blueprint),
                 "env_steps": trainer.env_steps,
                 "epoch": trainer.epoch,
                 "stop_reason": reason,
-                "observation_space": observation_space,
-                "action_space": action_space,
                 "config": OmegaConf.to_container(cfg, resolve=True),
             },
         )
 
-    trainer = Trainer(ImpalaLoop(actors, learner), budget, writers)
     try:
-        with actors:
+        with run.runner:
             result = trainer.run()
     except KeyboardInterrupt:
         checkpoint("interrupted")
@@ -95,17 +92,6 @@ def run_train(cfg: DictConfig) -> dict:
             writer.close()
     checkpoint(result.stop_reason)
     return {"stop_reason": result.stop_reason, "env_steps": result.env_steps, "time_s": result.time_s}
-
-
-_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
-
-
-def _exit_on_user_error(err: Exception) -> None:
-    """Print a known error as one line and exit; return (to re-raise) for anything else."""
-    message = None if _FULL_ERROR else explain(err, sys.argv[1:])
-    if message is not None:
-        print(f"train: error: {message}", file=sys.stderr)
-        sys.exit(exit_code(err))
 
 
 def _discard_unused_run_dir() -> None:

@@ -27,6 +27,8 @@ class Actor:
     Seeds: env j of this actor is reset once with a seed derived from `env_seed`; the actor's
     sampling uses a torch RNG state seeded by `agent_seed` and swapped in only while it collects,
     so several actors in one process (and the learner beside them) never disturb each other.
+    With an `initial_policy` (e.g. uniform random, to fill a replay buffer) the actor acts with it
+    until the first broadcast arrives (policy version 0).
     """
 
     def __init__(
@@ -38,6 +40,7 @@ class Actor:
         n_steps: int,
         env_seed: int,
         agent_seed: int,
+        initial_policy: nn.Module | None = None,
     ):
         self.index = index
         self.n_envs = n_envs
@@ -48,6 +51,7 @@ class Actor:
         self.action_space = self.envs[0].action_space
         self.writer = ObservationWriter(self.envs[0].observation_space)
         self.policy = copy.deepcopy(policy).requires_grad_(False)
+        self.initial_policy = initial_policy
         self.policy_version = 0
         generator_seed = torch.Generator().manual_seed(agent_seed)
         self._rng_state = generator_seed.get_state()
@@ -89,10 +93,11 @@ class Actor:
         out.policy_version.fill_(self.policy_version)
         for value in out.final_observations.values():
             value.zero_()
+        policy = self.initial_policy if self.initial_policy is not None and self.policy_version == 0 else self.policy
         for t in range(self.n_steps):
             t0 = time.perf_counter()
             obs_t = {key: value[t] for key, value in out.observations.items()}
-            actions, logp, _ = self.policy.act(obs_t)
+            actions, logp, _ = policy.act(obs_t)
             out.actions[t].copy_(actions)
             out.behaviour_logp[t].copy_(logp)
             t1 = time.perf_counter()

@@ -41,6 +41,7 @@ class DistributedActors(abc.ABC):
     :param envs_per_actor: envs each actor steps with one batched forward pass.
     :param actor_env_seeds: one env seed per actor.
     :param actor_agent_seeds: one sampling seed per actor.
+    :param initial_policy: acted with until the first broadcast (e.g. uniform random exploration).
     """
 
     def __init__(
@@ -53,6 +54,7 @@ class DistributedActors(abc.ABC):
         envs_per_actor: int = 1,
         actor_env_seeds: list[int] | None = None,
         actor_agent_seeds: list[int] | None = None,
+        initial_policy: nn.Module | None = None,
     ):
         if n_actors < 1 or batch_size < 1 or n_rollout_steps < 1 or envs_per_actor < 1:
             raise ValueError("n_actors, batch_size, n_rollout_steps and envs_per_actor must be at least 1")
@@ -65,6 +67,7 @@ class DistributedActors(abc.ABC):
         self.envs_per_actor = envs_per_actor
         self.actor_env_seeds = self._check_seeds("actor_env_seeds", actor_env_seeds, list(range(n_actors)))
         self.actor_agent_seeds = self._check_seeds("actor_agent_seeds", actor_agent_seeds, list(range(1000, 1000 + n_actors)))
+        self.initial_policy = initial_policy
         self.rollout_spec = self._rollout_spec(policy)
         self.policy_version = 0
         self.epoch_stats = EpochStatsAggregator()

@@ -20,7 +20,7 @@ class SequentialDistributedActors(DistributedActors):
 
     def start(self) -> None:
         self.actors = [
-            Actor(i, self.env_factory, self.policy, self.envs_per_actor, self.n_rollout_steps, env_seed, agent_seed)
+            Actor(i, self.env_factory, self.policy, self.envs_per_actor, self.n_rollout_steps, env_seed, agent_seed, self.initial_policy)
             for i, (env_seed, agent_seed) in enumerate(zip(self.actor_env_seeds, self.actor_agent_seeds))
         ]
         self._records = [self.rollout_spec.allocate() for _ in range(self.batch_size)]

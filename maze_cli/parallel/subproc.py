@@ -68,12 +68,13 @@ def actor_process(
     stop_event,
     env_seed: int,
     agent_seed: int,
+    initial_policy: nn.Module | None,
 ) -> None:
     """The body of one actor subprocess: pull weights if newer, take a free slot, fill it, hand it over."""
     torch.set_num_threads(1)
     actor = None
     try:
-        actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed)
+        actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy)
         while not stop_event.is_set():
             if weights.version != actor.policy_version:
                 actor.policy_version = weights.pull(actor.policy)
@@ -115,9 +116,11 @@ class SubprocDistributedActors(DistributedActors):
         actor_env_seeds: list[int] | None = None,
         actor_agent_seeds: list[int] | None = None,
         envs_per_actor: int = 1,
+        initial_policy: nn.Module | None = None,
     ):
         super().__init__(
-            env_factory, policy, n_rollout_steps, n_actors, batch_size, envs_per_actor, actor_env_seeds, actor_agent_seeds
+            env_factory, policy, n_rollout_steps, n_actors, batch_size, envs_per_actor, actor_env_seeds, actor_agent_seeds,
+            initial_policy,
         )
         if queue_out_of_sync_factor <= 0:
             raise ValueError("queue_out_of_sync_factor must be positive")
@@ -148,7 +151,7 @@ class SubprocDistributedActors(DistributedActors):
                 name=f"maze-actor-{i}",
                 args=(
                     i, self.env_factory, policy_copy, self.rollout_spec, self.slots, self.free_slots, self.filled_slots,
-                    self.weights, self.stop_event, self.actor_env_seeds[i], self.actor_agent_seeds[i],
+                    self.weights, self.stop_event, self.actor_env_seeds[i], self.actor_agent_seeds[i], self.initial_policy,
                 ),
                 daemon=True,
             )

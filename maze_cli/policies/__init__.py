@@ -2,5 +2,6 @@
 
 from maze_cli.policies.actor_critic import ActorCritic
 from maze_cli.policies.distributions import ActionDistribution, make_distribution
+from maze_cli.policies.random_policy import RandomPolicy
 
-__all__ = ["ActorCritic", "ActionDistribution", "make_distribution"]
+__all__ = ["ActorCritic", "RandomPolicy", "ActionDistribution", "make_distribution"]

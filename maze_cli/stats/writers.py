@@ -50,7 +50,7 @@ class TensorBoardWriter:
         self.writer.close()
 
 
-# (stat key, column title, format) of the console table.
+# (stat key, column title, format) of the console table; a key "a|b" shows the first one present.
 _COLUMNS = [
     ("epoch", "epoch", "{:>5d}"),
     ("env_steps", "env steps", "{:>10,d}"),
@@ -59,7 +59,7 @@ _COLUMNS = [
     ("train/return_mean", "return", "{:>8.1f}"),
     ("train/return_window_mean", "ret(win)", "{:>8.1f}"),
     ("train/episode_length_mean", "ep len", "{:>7.1f}"),
-    ("learner/loss", "loss", "{:>8.3f}"),
+    ("learner/loss|learner/critic_loss", "loss", "{:>8.3f}"),
     ("learner/entropy", "entropy", "{:>7.3f}"),
     ("policy_lag_mean", "lag", "{:>5.2f}"),
     ("time/wait_actors_frac", "wait", "{:>5.0%}"),
@@ -75,7 +75,7 @@ class ConsoleTable:
 
     def _cell(self, stats: dict[str, Any], key: str, title: str, fmt: str) -> str:
         width = max(len(title), len(fmt.format(0) if "d" in fmt else fmt.format(0.0)))
-        value = stats.get(key)
+        value = next((stats[k] for k in key.split("|") if k in stats), None)
         text = "-" if value is None else fmt.format(value)
         return text.rjust(width)
 
