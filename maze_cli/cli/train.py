@@ -94,6 +94,17 @@ def run_train(cfg: DictConfig) -> dict:
     return {"stop_reason": result.stop_reason, "env_steps": result.env_steps, "time_s": result.time_s}
 
 
+_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+def _exit_on_user_error(err: Exception) -> None:
+    """Print a known error as one line and exit; return (to re-raise) for anything else."""
+    message = None if _FULL_ERROR else explain(err, sys.argv[1:])
+    if message is not None:
+        print(f"train: error: {message}", file=sys.stderr)
+        sys.exit(exit_code(err))
+
+
 def _discard_unused_run_dir() -> None:
     """Remove the run dir Hydra made for a run that never started, if it holds only Hydra's own files."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
