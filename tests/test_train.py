@@ -62,14 +62,14 @@ def test_same_seed_gives_identical_sequential_runs_and_another_seed_differs(tmp_
 
 
 def test_explicit_actor_seeds_override_the_derived_ones():
-    from maze_cli.cli.build import build_actors, build_policy, check_env
-    from maze_cli.cli.schema import ImpalaConfig, MlpPolicyConfig, Settings, SubprocRunnerConfig, TrainConfig
+    from maze_cli.cli.build import build_run, check_env
+    from maze_cli.cli.schema import ImpalaConfig, MlpPolicyConfig, Settings, SubprocRunnerConfig, TrainConfig, UniformReplayConfig
     from maze_cli.seeding import derive_seeds
 
     runner = SubprocRunnerConfig(n_actors=2, actor_env_seeds=[21, 22])
-    settings = Settings(TrainConfig(seed=5), {"id": "CartPole-v1"}, ImpalaConfig(), MlpPolicyConfig(), runner)
+    settings = Settings(TrainConfig(seed=5), {"id": "CartPole-v1"}, ImpalaConfig(), MlpPolicyConfig(), runner, UniformReplayConfig())
     factory, obs_space, act_space = check_env(settings)
-    actors = build_actors(settings, factory, build_policy(settings, obs_space, act_space))
+    actors = build_run(settings, factory, obs_space, act_space).runner
     assert actors.actor_env_seeds == [21, 22]
     assert actors.actor_agent_seeds == derive_seeds(5, "actor_agent", 2)
 
