@@ -1,0 +1,100 @@
+"""SAC through the real `train` command, and its learner on every supported action kind."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from maze_cli.algorithms.sac import SacHyperparameters, SacLearner, SacPolicy
+from maze_cli.parallel.workers_with_buffer import SampledBatch
+from maze_cli.records import Transitions
+from tests.cli import run_train
+from tests.helpers import processes_with_env_tag
+from tests.test_cli_errors import assert_one_line_error
+from tests.test_train import read_stats, without_timings
+
+FAST = ["algorithm.initial_buffer_size=256", "algorithm.batch_size=64", "policy.hidden_sizes=[32,32]"]
+
+
+@pytest.mark.slow
+def test_pendulum_improves_far_above_random(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train("+env=pendulum", "algorithm=sac", "runner=subproc", "max_env_steps=10000", "target_return=null",
+                       run_dir=run_dir, timeout=400)
+    assert result.returncode == 0, result.stderr
+    stats = read_stats(run_dir)
+    returns = [row["train/return_mean"] for row in stats if "train/return_mean" in row]
+    assert returns[0] < -900  # a random policy scores about -1200
+    assert max(returns[-2:]) > -500, returns
+    last = stats[-1]
+    for key in ("learner/critic_loss", "learner/policy_loss", "learner/alpha", "learner/q_mean", "buffer/size",
+                "buffer/fill", "learner/replay_ratio", "time/sample_s", "queue_size"):
+        assert key in last, key
+    assert last["learner/replay_ratio"] == pytest.approx(1.0, abs=0.05)
+    assert processes_with_env_tag(result.tag) == []
+
+
+def test_a_sequential_sac_run_is_reproducible(tmp_path):
+    common = ["+env=pendulum", "algorithm=sac", "runner=sequential", "max_env_steps=1600", "epoch_length=4", *FAST]
+    runs = []
+    for name in ("a", "b"):
+        result = run_train(*common, "seed=5", run_dir=tmp_path / name)
+        assert result.returncode == 0, result.stderr
+        runs.append(without_timings(read_stats(tmp_path / name)))
+    assert len(runs[0]) >= 3 and runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("extra", [
+    ["+env=cartpole"],  # discrete SAC
+    ["+env=pendulum", "replay_buffer=prioritized"],
+    ["+env=pendulum", "algorithm.split_rollouts_into_transitions=false", "algorithm.batch_size=8"],
+])
+def test_sac_variants_run_end_to_end(tmp_path, extra):
+    result = run_train("algorithm=sac", "runner=sequential", "max_env_steps=1200", "epoch_length=4", *FAST, *extra,
+                       run_dir=tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    last = read_stats(tmp_path / "run")[-1]
+    assert last["learner/updates"] > 0 and np.isfinite(last["learner/critic_loss"])
+
+
+def test_a_checkpoint_can_be_the_initial_sampling_policy(tmp_path):
+    first = run_train("+env=pendulum", "algorithm=sac", "runner=sequential", "max_env_steps=600", *FAST, run_dir=tmp_path / "a")
+    assert first.returncode == 0, first.stderr
+    checkpoint = tmp_path / "a" / "checkpoints" / "last.pt"
+    second = run_train("+env=pendulum", "algorithm=sac", "runner=subproc", "max_env_steps=600", *FAST,
+                       f"algorithm.initial_sampling_policy={checkpoint}", run_dir=tmp_path / "b")
+    assert second.returncode == 0, second.stderr
+
+
+def test_bad_sac_input_gets_one_line(tmp_path):
+    assert_one_line_error(run_train("+env=pendulum", "algorithm=sac", "algorithm.initial_sampling_policy=/no/such.pt",
+                                    run_dir=tmp_path / "a"), "algorithm.initial_sampling_policy", "no such checkpoint")
+    assert_one_line_error(run_train("+env=pendulum", "algorithm=sac", "algorithm.tau=2", run_dir=tmp_path / "b"),
+                          "algorithm.tau=2", "<= 1")
+    assert_one_line_error(run_train("+env=pendulum", "algorithm=sac", "replay_buffer=ring", run_dir=tmp_path / "c"),
+                          "replay_buffer=ring", "prioritized", "uniform")
+
+
+def random_transitions(obs_space: gym.Space, action_space: gym.Space, n: int = 64) -> SampledBatch:
+    obs = torch.randn(n, *obs_space.shape)
+    actions = torch.stack([torch.as_tensor(action_space.sample()) for _ in range(n)]).float()
+    if isinstance(action_space, gym.spaces.Discrete):
+        actions = actions.long()
+    t = Transitions({"obs": obs}, actions, torch.randn(n), {"obs": torch.randn(n, *obs_space.shape)}, torch.rand(n) < 0.1)
+    return SampledBatch(t, np.arange(n), torch.ones(n), 1)
+
+
+@pytest.mark.parametrize("action_space", [gym.spaces.Box(-2.0, 2.0, (2,)), gym.spaces.Discrete(3)])
+def test_the_critic_fits_a_fixed_target(action_space):
+    obs_space = gym.spaces.Box(-1.0, 1.0, (4,))
+    torch.manual_seed(0)
+    policy = SacPolicy(obs_space, action_space, (32, 32))
+    learner = SacLearner(policy, SacHyperparameters(gamma=0.0, lr=3e-3), (32, 32))
+    batch = random_transitions(obs_space, action_space)
+    losses = [learner.update(batch)[0]["critic_loss"] for _ in range(300)]
+    # gamma = 0: the target is the reward itself, which the critics can fit.
+    assert losses[-1] < 0.2 * losses[0]
+    actions, logp, _ = policy.act({"obs": batch.transitions.observations["obs"]})
+    if isinstance(action_space, gym.spaces.Box):
+        assert (actions.abs() <= 2.0).all()
+    assert torch.isfinite(logp).all()
