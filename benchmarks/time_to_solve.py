@@ -32,7 +32,10 @@ def run_once(seed: int, overrides: list[str], workdir: Path) -> dict:
         raise SystemExit(f"seed {seed} failed:\n{proc.stderr}")
     stats = [json.loads(line) for line in (run_dir / "stats.jsonl").read_text().splitlines()]
     steady = stats[1:] or stats  # the first epoch includes actor start-up
+    updates = [b["learner/updates"] - a["learner/updates"] for a, b in zip(stats, stats[1:])]
+    update_rates = [u / row["time/epoch_s"] for u, row in zip(updates, stats[1:])] or [0.0]
     return {
+        "updates_per_s": statistics.median(update_rates),
         "seed": seed,
         "wall_s": wall,
         "train_s": stats[-1]["time_s"],
@@ -54,10 +57,11 @@ def main() -> None:
 
     print(f"`train {' '.join(args.overrides)}` on {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}, torch {torch.__version__}\n")
-    print("| seed | solved | whole-process wall s | training s | env steps | median steps/s |")
-    print("|---:|:---:|---:|---:|---:|---:|")
+    print("| seed | solved | whole-process wall s | training s | env steps | median steps/s | median updates/s |")
+    print("|---:|:---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['seed']} | {'yes' if r['solved'] else 'no'} | {r['wall_s']:.1f} | {r['train_s']:.1f} | {r['env_steps']:,} | {r['sps']:,.0f} |")
+        print(f"| {r['seed']} | {'yes' if r['solved'] else 'no'} | {r['wall_s']:.1f} | {r['train_s']:.1f} | "
+              f"{r['env_steps']:,} | {r['sps']:,.0f} | {r['updates_per_s']:,.0f} |")
     print(f"\nmedian whole-process wall time: {statistics.median(r['wall_s'] for r in rows):.1f} s; "
           f"median steady-state env steps/s: {statistics.median(r['sps'] for r in rows):,.0f}")
 
