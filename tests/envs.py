@@ -61,3 +61,24 @@ class StepRaisingEnv(CountingEnv):
         if self.total_steps > self.fail_after:
             raise RuntimeError("injected failure in step")
         return super().step(action)
+
+
+class SelfKillingEnv(CountingEnv):
+    """Fault injection: SIGKILLs its own process once, at step `kill_after`, unless `marker` exists
+    (it creates the marker first, so a restarted process runs on)."""
+
+    def __init__(self, marker: str, kill_after: int = 200, **kwargs):
+        super().__init__(**kwargs)
+        self.marker = marker
+        self.kill_after = kill_after
+        self.total_steps = 0
+
+    def step(self, action):
+        import os
+        import signal
+
+        self.total_steps += 1
+        if self.total_steps == self.kill_after and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().step(action)

@@ -16,6 +16,7 @@ from maze_cli.envs.spaces import UnsupportedSpaceError
 from maze_cli.parallel import (
     BaseDistributedWorkersWithBuffer,
     DistributedActors,
+    RayDistributedWorkersWithBuffer,
     SequentialDistributedActors,
     SequentialDistributedWorkersWithBuffer,
     SubprocDistributedActors,
@@ -88,6 +89,14 @@ def _subproc_kwargs(settings: Settings) -> dict[str, Any]:
     return {"queue_out_of_sync_factor": r.queue_out_of_sync_factor, "start_method": r.start_method}
 
 
+def _ray_kwargs(settings: Settings) -> dict[str, Any]:
+    r = settings.runner
+    return {
+        "address": r.address, "num_cpus_per_actor": r.num_cpus_per_actor, "num_gpus_per_actor": r.num_gpus_per_actor,
+        "resources": dict(r.resources), "max_restarts": r.max_restarts, "max_in_flight_per_actor": r.max_in_flight_per_actor,
+    }
+
+
 def _hp(cls: type, config: Any) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in dataclasses.asdict(config).items() if k in names})
@@ -111,6 +120,10 @@ def _build_impala(settings: Settings, env_factory: EnvFactory, observation_space
     )
     if r.name == "sequential":
         actors: DistributedActors = SequentialDistributedActors(**common)
+    elif r.name == "ray":
+        from maze_cli.parallel.ray_backend import RayDistributedActors
+
+        actors = RayDistributedActors(**common, **_ray_kwargs(settings))
     else:
         actors = SubprocDistributedActors(**common, **_subproc_kwargs(settings))
     return Run(ImpalaLoop(actors, learner), actors, learner, blueprint)
@@ -166,6 +179,8 @@ def _build_sac(settings: Settings, env_factory: EnvFactory, observation_space, a
     )
     if r.name == "sequential":
         workers: BaseDistributedWorkersWithBuffer = SequentialDistributedWorkersWithBuffer(**common)
+    elif r.name == "ray":
+        workers = RayDistributedWorkersWithBuffer(**common, ray_options=_ray_kwargs(settings))
     else:
         workers = SubprocDistributedWorkersWithBuffer(**common, **_subproc_kwargs(settings))
     return Run(SacLoop(workers, learner, a.replay_ratio, rb.name == "prioritized"), workers, learner, blueprint)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import multiprocessing as mp
 import typing
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
@@ -117,10 +118,21 @@ class SubprocRunnerConfig(SequentialRunnerConfig):
     start_method: Optional[str] = _f(None, choices=("forkserver", "spawn", "fork"))
 
 
+@dataclass
+class RayRunnerConfig(SequentialRunnerConfig):
+    name: str = "ray"
+    address: Optional[str] = None
+    num_cpus_per_actor: float = _f(1.0, ge=0)
+    num_gpus_per_actor: float = _f(0.0, ge=0)
+    resources: Dict[str, float] = field(default_factory=dict)
+    max_restarts: int = _f(3, ge=0)
+    max_in_flight_per_actor: int = _f(2, ge=1)
+
+
 SCHEMAS: dict[str, dict[str, type]] = {
     "algorithm": {"impala": ImpalaConfig, "sac": SacConfig},
     "policy": {"mlp": MlpPolicyConfig},
-    "runner": {"sequential": SequentialRunnerConfig, "subproc": SubprocRunnerConfig},
+    "runner": {"sequential": SequentialRunnerConfig, "subproc": SubprocRunnerConfig, "ray": RayRunnerConfig},
     "replay_buffer": {"uniform": UniformReplayConfig, "prioritized": PrioritizedReplayConfig},
 }
 
@@ -233,6 +245,8 @@ def validate(cfg: DictConfig, env_options: list[str]) -> Settings:
         seeds = getattr(runner, key)
         if seeds is not None and len(seeds) != runner.n_actors:
             raise ConfigError(f"runner.{key} has {len(seeds)} seeds: give one per actor (runner.n_actors={runner.n_actors})")
+    if runner.name == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("runner=ray needs Ray, an optional extra: pip install 'maze_cli[ray]' (or pip install ray)")
     start_method = getattr(runner, "start_method", None)
     if start_method is not None and start_method not in mp.get_all_start_methods():
         raise ConfigError(f"runner.start_method={start_method}: not available here; use one of {', '.join(mp.get_all_start_methods())}")

@@ -211,3 +211,16 @@ class SubprocDistributedWorkersWithBuffer(BaseDistributedWorkersWithBuffer):
 
     def alive_pids(self) -> list[int]:
         return self.workers.alive_pids()
+
+
+class RayDistributedWorkersWithBuffer(BaseDistributedWorkersWithBuffer):
+    """Workers as Ray actors (see RayDistributedActors for the Ray options)."""
+
+    def __init__(self, *args, ray_options: dict | None = None, **kwargs):
+        self._ray = dict(ray_options or {})
+        super().__init__(*args, **kwargs)
+
+    def _make_workers(self, **kwargs) -> DistributedActors:
+        from maze_cli.parallel.ray_backend import RayDistributedActors
+
+        return RayDistributedActors(**kwargs, **self._ray)

@@ -1,0 +1,130 @@
+"""runner=ray on a two-node Ray cluster emulated on this machine (127.0.0.1 only)."""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from maze_cli.envs import EnvFactory  # noqa: E402
+from maze_cli.parallel import ActorFailure  # noqa: E402
+from maze_cli.parallel.ray_backend import RayDistributedActors  # noqa: E402
+from maze_cli.policies import ActorCritic  # noqa: E402
+from tests.cli import REPO, run_train  # noqa: E402
+from tests.helpers import processes_with_env_tag, wait_until  # noqa: E402
+from tests.test_train import read_stats  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    # Ray's workers inherit this environment: keep Ray on loopback, and let them import tests.envs.
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    c.add_node(num_cpus=2)
+    c.wait_for_nodes()
+    yield c
+    c.shutdown()
+
+
+def ray_actor_processes() -> list[str]:
+    """Live processes that are (or were made into) maze_cli's Ray actors."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(b"ray::RayActorBody"):
+                found.append(entry.name)
+        except OSError:
+            continue
+    return found
+
+
+def make_actors(cluster, **kwargs) -> RayDistributedActors:
+    env_fn = EnvFactory({"id": "CartPole-v1"})
+    env = env_fn()
+    policy = ActorCritic(env.observation_space, env.action_space, hidden_sizes=(16,))
+    return RayDistributedActors(env_fn, policy, 16, 2, 2, address=cluster.address, envs_per_actor=2, **kwargs)
+
+
+def test_actors_land_on_both_nodes_and_are_gone_after_stop(cluster):
+    with make_actors(cluster) as actors:
+        assert len(actors.nodes()) == 2
+        batch, *_ = actors.collect_outputs("cpu")
+        assert batch.actions.shape == (16, 4)
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+    assert not ray.is_initialized()  # the driver left; the cluster itself stays up
+    assert wait_until(lambda: not ray_actor_processes(), timeout=15)
+
+
+def test_a_killed_ray_actor_is_restarted_and_collection_goes_on(cluster):
+    with make_actors(cluster, max_restarts=2) as actors:
+        actors.collect_outputs("cpu")
+        ray.kill(actors.handles[0], no_restart=False)
+        deadline = time.monotonic() + 30
+        while actors.restarts == 0 and time.monotonic() < deadline:  # actor 1 serves until 0 is back
+            batch, *_ = actors.collect_outputs("cpu")
+        assert actors.restarts == 1
+        assert actors.get_stats_value("actor_restarts", name="sum") == 1
+        assert batch.actions.shape == (16, 4)
+
+
+def test_past_max_restarts_the_run_fails_fast(cluster):
+    with pytest.raises(ActorFailure, match="max_restarts=0"), make_actors(cluster, max_restarts=0) as actors:
+        actors.collect_outputs("cpu")
+        ray.kill(actors.handles[1], no_restart=False)
+        start = time.monotonic()
+        try:
+            for _ in range(1000):
+                actors.collect_outputs("cpu")
+        finally:
+            assert time.monotonic() - start < 10
+
+
+def test_impala_runs_end_to_end_on_the_cluster_and_survives_a_killed_actor(cluster, tmp_path):
+    config_dir = tmp_path / "configs"
+    (config_dir / "env").mkdir(parents=True)
+    (config_dir / "env" / "fragile.yaml").write_text(
+        f"_target_: tests.envs.SelfKillingEnv\nmarker: {tmp_path / 'killed'}\nkill_after: 300\nlength: 20\n"
+    )
+    result = run_train("--config-dir", str(config_dir), "+env=fragile", "runner=ray", f"runner.address={cluster.address}",
+                       "max_env_steps=100000", "epoch_length=5", run_dir=tmp_path / "run", timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "killed").exists()
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "ray actor 0 on node 127.0.0.1" in log and "restart 1 of 3" in log
+    assert read_stats(tmp_path / "run")[-1]["env_steps"] >= 100000
+    assert wait_until(lambda: not ray_actor_processes(), timeout=15)
+
+
+def test_sac_runs_end_to_end_on_the_cluster(cluster, tmp_path):
+    result = run_train("+env=pendulum", "algorithm=sac", "runner=ray", f"runner.address={cluster.address}",
+                       "max_env_steps=1500", "epoch_length=4", "algorithm.initial_buffer_size=300", "algorithm.batch_size=64",
+                       run_dir=tmp_path / "run", timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert read_stats(tmp_path / "run")[-1]["learner/updates"] > 0
+    assert wait_until(lambda: not ray_actor_processes(), timeout=15)
+
+
+def test_a_ray_started_by_maze_cli_is_shut_down(tmp_path):
+    result = run_train("+env=cartpole", "runner=ray", "max_env_steps=5000", "epoch_length=2", run_dir=tmp_path / "run", timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert wait_until(lambda: processes_with_env_tag(result.tag) == [], timeout=15)
+
+
+def test_without_ray_installed_runner_ray_says_how_to_install(monkeypatch):
+    import importlib.util
+
+    from omegaconf import OmegaConf
+
+    from maze_cli.cli import schema
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(schema.importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    cfg = OmegaConf.create({"env": {"id": "CartPole-v1"}, "algorithm": {"name": "impala"}, "policy": {"name": "mlp"},
+                            "runner": {"name": "ray"}, "replay_buffer": {"name": "uniform"}})
+    with pytest.raises(schema.ConfigError, match=r"pip install 'maze_cli\[ray\]'"):
+        schema.validate(cfg, [])
