@@ -64,16 +64,32 @@ class Trainer:
         budget: Budget,
         writers: Sequence[StatsWriter],
         progress: bool | None = None,
+        evaluate: Callable[[], dict[str, float]] | None = None,
+        eval_interval: int = 0,
         on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
     ):
         self.loop = loop
         self.budget = budget
         self.writers = list(writers)
         self.progress = progress
+        self.evaluate = evaluate if eval_interval > 0 else None
+        self.eval_interval = eval_interval
         self.on_epoch_end = on_epoch_end
         self.env_steps = 0
         self.epoch = 0
+        self.time_offset = 0.0  # seconds trained before a resume
+        self.best_eval: float | None = None
         self.window: deque[float] = deque(maxlen=budget.target_window)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters a resumed run continues from."""
+        return {"env_steps": self.env_steps, "epoch": self.epoch, "window": list(self.window),
+                "best_eval": self.best_eval, "time_s": self.time_offset + self.elapsed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.env_steps, self.epoch, self.best_eval = state["env_steps"], state["epoch"], state["best_eval"]
+        self.window.extend(state["window"])
+        self.time_offset = state["time_s"]
 
     def window_mean(self) -> float | None:
         """Mean return of the last `target_window` episodes (None until the window is full)."""
@@ -82,18 +98,23 @@ class Trainer:
         return math.fsum(self.window) / len(self.window)
 
     def _stop_reason(self, elapsed: float) -> str | None:
+        """Budget checks after each update; with evaluation on, the target is judged on eval instead."""
         b = self.budget
         mean = self.window_mean()
-        if b.target_return is not None and mean is not None and mean >= b.target_return:
+        if self.evaluate is None and b.target_return is not None and mean is not None and mean >= b.target_return:
             return "target_return"
         if self.env_steps >= b.max_env_steps:
             return "max_env_steps"
-        if b.max_time_s is not None and elapsed >= b.max_time_s:
+        if b.max_time_s is not None and self.time_offset + elapsed >= b.max_time_s:
             return "max_time_s"
         return None
 
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._start if hasattr(self, "_start") else 0.0
+
     def run(self) -> TrainResult:
-        start = time.perf_counter()
+        start = self._start = time.perf_counter()
         reason = None
         # Log lines go through tqdm while the bar is up, so table rows never tear the bar.
         with logging_redirect_tqdm(), tqdm(
@@ -109,7 +130,16 @@ class Trainer:
                     if reason:
                         break
                 self.epoch += 1
-                stats = self._epoch_stats(time.perf_counter() - start, time.perf_counter() - epoch_start, steps_before)
+                stats = self._epoch_stats(self.time_offset + time.perf_counter() - start, time.perf_counter() - epoch_start, steps_before)
+                if self.evaluate is not None and (self.epoch % self.eval_interval == 0 or reason is not None):
+                    stats.update(self.evaluate())
+                    eval_mean = stats["eval/return_mean"]
+                    if self.best_eval is None or eval_mean > self.best_eval:
+                        self.best_eval = eval_mean
+                    stats["eval/best_return_mean"] = self.best_eval
+                    target = self.budget.target_return
+                    if reason is None and target is not None and eval_mean >= target:
+                        reason = "target_return"
                 for writer in self.writers:
                     writer.write(stats)
                 if self.on_epoch_end is not None:

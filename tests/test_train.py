@@ -39,7 +39,7 @@ def test_cartpole_on_subprocess_actors_learns_far_above_random(tmp_path):
     assert stats[0]["train/return_mean"] < 60
 
     assert (run_dir / "config.yaml").is_file() and (run_dir / "train.log").stat().st_size > 0
-    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["env_steps"] == stats[-1]["env_steps"]
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["trainer"]["env_steps"] == stats[-1]["env_steps"]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run_dir / "tensorboard"))

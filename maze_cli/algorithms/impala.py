@@ -143,6 +143,11 @@ class ImpalaLearner:
     def state_dict(self) -> dict:
         return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "updates": self.updates}
 
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = state["updates"]
+
 
 class ImpalaLoop:
     """One IMPALA iteration: take a batch of rollouts from the actors, update, broadcast."""

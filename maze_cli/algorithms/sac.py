@@ -208,6 +208,16 @@ class SacLearner:
             "updates": self.updates,
         }
 
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.critic.load_state_dict(state["critic"])
+        self.critic_target.load_state_dict(state["critic_target"])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        for key, saved in state["optimizers"].items():
+            getattr(self, f"{key}_optimizer").load_state_dict(saved)
+        self.updates = state["updates"]
+
 
 class SacLoop:
     """One SAC iteration: move finished rollouts into the buffer, then `replay_ratio` updates per new

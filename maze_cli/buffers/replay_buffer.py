@@ -31,6 +31,9 @@ class UniformSampler:
     def state_dict(self) -> dict:
         return {"rng": self.rng.bit_generator.state}
 
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+
 
 class PrioritizedSampler:
     """Proportional prioritized replay (Schaul et al. 2016).
@@ -74,6 +77,11 @@ class PrioritizedSampler:
 
     def state_dict(self) -> dict:
         return {"rng": self.rng.bit_generator.state, "tree": self.tree.tree.copy(), "max_priority": self.max_priority, "calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.tree.tree[:] = state["tree"]
+        self.max_priority, self.calls = state["max_priority"], state["calls"]
 
 
 class ReplayBuffer:
@@ -120,6 +128,17 @@ class ReplayBuffer:
 
     def update_priorities(self, indices: np.ndarray, td_errors: np.ndarray) -> None:
         self.sampler.update_priorities(indices, td_errors)
+
+    def state_dict(self) -> dict:
+        """Everything stored (only the filled part) and the sampler's state, for checkpoints."""
+        return {"storage": {k: v[: self.size].clone() for k, v in self.storage.items()}, "next_index": self.next_index,
+                "size": self.size, "added": self.added, "sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, tensor in self.storage.items():
+            tensor[: state["size"]] = state["storage"][key]
+        self.next_index, self.size, self.added = state["next_index"], state["size"], state["added"]
+        self.sampler.load_state_dict(state["sampler"])
 
 
 def make_replay_buffer(kind: str, capacity: int, item_specs: dict[str, TensorSpec], seed: int, **prioritized) -> ReplayBuffer:

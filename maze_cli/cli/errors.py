@@ -22,7 +22,7 @@ def _unknown_key(full_key: str, argv: list[str]) -> str:
         return f"{full_key}: unknown key{suggest(full_key, known_keys(None)) or '; see the README for the keys of train'}"
     from maze_cli.envs.factory import ID_KEYS  # imports torch: only when needed
 
-    candidates = list(ID_KEYS) if section == "env" else known_keys(section) if section in SCHEMAS else []
+    candidates = list(ID_KEYS) if section == "env" else known_keys(section)
     hint = suggest(key.split(".")[-1], candidates)
     if not hint and candidates:
         hint = f"; known keys: {', '.join(candidates)}"

@@ -30,6 +30,18 @@ def _f(default: Any = dataclasses.MISSING, **limits: Any) -> Any:
 
 
 @dataclass
+class EvalConfig:
+    interval: int = _f(5, ge=0)  # epochs between evaluations; 0 turns evaluation off
+    episodes: int = _f(10, ge=1)
+
+
+@dataclass
+class CheckpointConfig:
+    interval: int = _f(10, ge=1)  # epochs between writes of last.pt (it is also written at the end)
+    replay_buffer: bool = False
+
+
+@dataclass
 class TrainConfig:
     """Top-level keys of `train` (the budget and the run)."""
 
@@ -41,6 +53,9 @@ class TrainConfig:
     epoch_length: int = _f(20, ge=1)
     device: str = "cpu"
     torch_threads: int = _f(1, ge=1)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resume: Optional[str] = None
 
 
 @dataclass
@@ -139,6 +154,9 @@ SCHEMAS: dict[str, dict[str, type]] = {
 
 def known_keys(section: str | None) -> list[str]:
     """Every key any schema of `section` (None: top level) accepts, for spelling suggestions."""
+    nested = {f.name: f.default_factory for f in dataclasses.fields(TrainConfig) if f.default_factory is not dataclasses.MISSING}
+    if section in nested:
+        return sorted(f.name for f in dataclasses.fields(nested[section]()))
     schemas = [TrainConfig] if section is None else list(SCHEMAS.get(section, {}).values())
     keys = {f.name for s in schemas for f in dataclasses.fields(s)}
     if section is None:
@@ -162,6 +180,17 @@ def _type_name(tp: Any) -> str:
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
 
 
+def _expected(schema: type, path: str) -> str:
+    """What the schema wants at a dotted path, in words."""
+    tp: Any = schema
+    for part in path.split("."):
+        hints = typing.get_type_hints(tp) if dataclasses.is_dataclass(tp) else {}
+        if part not in hints:
+            return "another value"
+        tp = hints[part]
+    return _type_name(tp)
+
+
 def _check_limits(prefix: str, name: str, value: Any, limits: dict[str, Any]) -> None:
     if value is None:
         return
@@ -176,7 +205,6 @@ def _check_limits(prefix: str, name: str, value: Any, limits: dict[str, Any]) ->
 
 def validate_section(schema: type, values: DictConfig | dict, prefix: str, what: str) -> Any:
     """Merge `values` into `schema`; return the dataclass instance or raise ConfigError."""
-    hints = typing.get_type_hints(schema)
     names = [f.name for f in dataclasses.fields(schema)]
     for key in values:
         if key not in names:
@@ -187,13 +215,22 @@ def validate_section(schema: type, values: DictConfig | dict, prefix: str, what:
     except MissingMandatoryValue as err:
         raise ConfigError(f"{prefix}{err.full_key}: a value is required") from None
     except (ValidationError, ConfigKeyError) as err:
-        key = str(err.full_key).split(".")[0].split("[")[0] if err.full_key else "?"
+        path = str(err.full_key or "?").split("[")[0]
+        if isinstance(err, ConfigKeyError):
+            raise ConfigError(f"{prefix}{path}: unknown key{suggest(path.split('.')[-1], known_keys(path.split('.')[0]))}") from None
         shown = "" if err.value is None else f"={err.value}"
-        expected = _type_name(hints[key]) if key in hints else "another value"
-        raise ConfigError(f"{prefix}{key}{shown}: expected {expected}") from None
-    for f in dataclasses.fields(schema):
-        _check_limits(prefix, f.name, getattr(instance, f.name), dict(f.metadata))
+        raise ConfigError(f"{prefix}{path}{shown}: expected {_expected(schema, path)}") from None
+    _check_all_limits(instance, prefix)
     return instance
+
+
+def _check_all_limits(instance: Any, prefix: str) -> None:
+    for f in dataclasses.fields(instance):
+        value = getattr(instance, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_all_limits(value, f"{prefix}{f.name}.")
+        else:
+            _check_limits(prefix, f.name, value, dict(f.metadata))
 
 
 def validate_group(section: str, values: DictConfig) -> Any:

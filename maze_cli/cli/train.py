@@ -6,7 +6,6 @@ Errors in the user's input end in one line on stderr and exit code 2, never a tr
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import sys
@@ -31,8 +30,39 @@ def _env_options() -> list[str]:
         return []
 
 
+# Keys a resumed run may change; everything else comes from the run's saved config.
+RESUMABLE_KEYS = {"max_env_steps", "max_time_s", "target_return", "target_window", "epoch_length", "eval", "checkpoint",
+                  "device", "torch_threads", "resume"}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C (actors stopped, last.pt written) but exiting with 143."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def _resumed_config(cfg: DictConfig) -> DictConfig:
+    """The saved config of the run in `cfg.resume`, with this command's budget overrides on top."""
+    run_dir = Path(cfg.resume)
+    if not (run_dir / "config.yaml").is_file() or not (run_dir / "checkpoints" / "last.pt").is_file():
+        raise ConfigError(f"resume={cfg.resume}: not a run dir with config.yaml and checkpoints/last.pt")
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    changed = {o.split("=", 1)[0].lstrip("+~").split(".")[0] for o in HydraConfig.get().overrides.task}
+    bad = sorted(changed - RESUMABLE_KEYS)
+    if bad:
+        raise ConfigError(f"{bad[0]}: cannot change when resuming; only {', '.join(sorted(RESUMABLE_KEYS - {'resume'}))} may change")
+    OmegaConf.set_struct(saved, False)
+    for key in changed:
+        saved[key] = cfg[key]
+    return saved
+
+
 def run_train(cfg: DictConfig) -> dict:
     """The task: everything after composition. Returns a summary of the run."""
+    if cfg.get("resume"):
+        cfg = _resumed_config(cfg)
     settings = validate(cfg, _env_options())
     if settings.runner.name == "subproc":
         # Before torch is imported here: the forkserver loads it on the other core meanwhile.
@@ -40,57 +70,58 @@ def run_train(cfg: DictConfig) -> dict:
 
         warm_up_start_method(settings.runner.start_method)
 
+    import signal
+
     import torch
 
-    from maze_cli.checkpoint import save_checkpoint
+    from maze_cli.checkpoint import Checkpointer
     from maze_cli.cli.build import build_run, check_device, check_env
     from maze_cli.envs.spaces import describe_space
-    from maze_cli.seeding import derive_seed, seed_everything
+    from maze_cli.evaluation import Evaluator
+    from maze_cli.seeding import derive_seed, derive_seeds, seed_everything
+    from maze_cli.stats.plots import write_learning_curve
     from maze_cli.stats.writers import ConsoleTable, JsonlWriter, TensorBoardWriter
     from maze_cli.training import Budget, Trainer
 
     check_device(settings.train.device)
+    signal.signal(signal.SIGTERM, _raise_terminated)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    torch.set_num_threads(settings.train.torch_threads)
+    t = settings.train
+    torch.set_num_threads(t.torch_threads)
     env_factory, observation_space, action_space = check_env(settings)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
 
-    seed_everything(derive_seed(settings.train.seed, "learner"))
+    seed_everything(derive_seed(t.seed, "learner"))
     run = build_run(settings, env_factory, observation_space, action_space)
-    t = settings.train
+    evaluator = Evaluator(env_factory, t.eval.episodes, derive_seeds(t.seed, "eval_env", t.eval.episodes), t.device)
     budget = Budget(t.max_env_steps, t.max_time_s, t.target_return, t.target_window, t.epoch_length)
     writers = [ConsoleTable(), JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")]
+    trainer = Trainer(run.loop, budget, writers, evaluate=lambda: evaluator(run.learner.policy), eval_interval=t.eval.interval)
+    checkpointer = Checkpointer(run_dir / "checkpoints", run, trainer, OmegaConf.to_container(cfg, resolve=True),
+                                t.checkpoint.interval, t.checkpoint.replay_buffer)
+    trainer.on_epoch_end = checkpointer.on_epoch_end
+    if t.resume:
+        checkpointer.restore()
+        log.info(f"resumed {run_dir} at epoch {trainer.epoch}, {trainer.env_steps:,} env steps")
     log.info(f"run dir: {run_dir}")
     log.info(
         f"env {env_factory.describe()}: observations {describe_space(observation_space)}, actions {describe_space(action_space)}; "
         f"{settings.algorithm.name} with {settings.runner.name} runner, {settings.runner.n_actors} actors x {settings.runner.envs_per_actor} envs"
     )
-    trainer = Trainer(run.loop, budget, writers)
-
-    def checkpoint(reason: str) -> None:
-        save_checkpoint(
-            run_dir / "checkpoints" / "last.pt",
-            {
-                "learner": run.learner.state_dict(),
-                "policy_blueprint": dataclasses.asdict(run.blueprint),
-                "env_steps": trainer.env_steps,
-                "epoch": trainer.epoch,
-                "stop_reason": reason,
-                "config": OmegaConf.to_container(cfg, resolve=True),
-            },
-        )
-
     try:
         with run.runner:
+            if t.resume:
+                run.runner.broadcast_updated_policy(run.learner.policy.state_dict())
             result = trainer.run()
     except KeyboardInterrupt:
-        checkpoint("interrupted")
+        checkpointer.save_last("interrupted")
         log.info("interrupted: actors stopped, checkpoints/last.pt written")
         raise
     finally:
         for writer in writers:
             writer.close()
-    checkpoint(result.stop_reason)
+        write_learning_curve(run_dir)
+    checkpointer.save_last(result.stop_reason)
     return {"stop_reason": result.stop_reason, "env_steps": result.env_steps, "time_s": result.time_s}
 
 
@@ -141,10 +172,14 @@ def _hydra_train(cfg: DictConfig) -> dict:
 def main() -> None:
     """Console script `train`."""
     os.environ["HYDRA_FULL_ERROR"] = "1"  # composition errors reach us; we print them for humans
+    resume = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("resume=")), None)
+    if resume and not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
+        # A resumed run continues in its own dir; Hydra's record of the first command stays as it was.
+        sys.argv += [f"hydra.run.dir={resume}", "hydra.output_subdir=null"]
     try:
         _hydra_train()
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except KeyboardInterrupt as interrupt:
+        sys.exit(143 if isinstance(interrupt, Terminated) else 130)
     except Exception as err:
         _exit_on_user_error(err)
         raise

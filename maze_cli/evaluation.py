@@ -1,0 +1,78 @@
+"""Evaluation: deterministic episodes on the learner's own envs, seeded apart from the actors'.
+
+Runs in the learner's process between epochs; subprocess and Ray actors keep collecting meanwhile
+(up to their queue bound). Every evaluation replays the same episode seeds, so returns are
+comparable from one evaluation to the next and `best.pt` is chosen on like terms.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from maze_cli.envs.spaces import ObservationWriter, action_to_env, observation_specs
+
+
+def run_episodes(
+    env_factory: Callable[[], gym.Env], policy: nn.Module, seeds: list[int], deterministic: bool = True,
+    device: str | torch.device = "cpu", on_frame: Callable[[int, gym.Env], None] | None = None,
+) -> tuple[list[float], list[int]]:
+    """One episode per seed, all envs stepped together with one batched forward pass per step.
+
+    Returns each episode's return and length. `on_frame(i, env)` is called after each step of
+    episode i (for rendering).
+    """
+    envs = [env_factory() for _ in seeds]
+    try:
+        writer = ObservationWriter(envs[0].observation_space)
+        specs = observation_specs(envs[0].observation_space)
+        obs = {k: torch.zeros((len(envs),) + s.shape, dtype=s.dtype) for k, s in specs.items()}
+        writer.write([env.reset(seed=s)[0] for env, s in zip(envs, seeds)], obs)
+        returns = np.zeros(len(envs))
+        lengths = np.zeros(len(envs), dtype=np.int64)
+        running = np.ones(len(envs), dtype=bool)
+        while running.any():
+            with torch.no_grad():
+                actions, _, _ = policy.act({k: v.to(device) for k, v in obs.items()}, deterministic=deterministic)
+            actions = actions.cpu().numpy()
+            for i in np.flatnonzero(running):
+                o, r, terminated, truncated, _ = envs[i].step(action_to_env(envs[i].action_space, actions[i]))
+                returns[i] += r
+                lengths[i] += 1
+                writer.write_one(o, i, obs)
+                if on_frame is not None:
+                    on_frame(i, envs[i])
+                if terminated or truncated:
+                    running[i] = False
+        return returns.tolist(), lengths.tolist()
+    finally:
+        for env in envs:
+            env.close()
+
+
+class Evaluator:
+    """`episodes` deterministic episodes with seeds derived once from `seed`."""
+
+    def __init__(self, env_factory: Callable[[], gym.Env], episodes: int, seeds: list[int], device: str = "cpu"):
+        self.env_factory = env_factory
+        self.seeds = seeds[:episodes]
+        self.device = device
+
+    def __call__(self, policy: nn.Module) -> dict[str, float]:
+        was_training = policy.training
+        policy.eval()
+        try:
+            returns, lengths = run_episodes(self.env_factory, policy, self.seeds, device=self.device)
+        finally:
+            policy.train(was_training)
+        mean = sum(returns) / len(returns)
+        return {
+            "eval/return_mean": mean,
+            "eval/return_std": math.sqrt(sum((r - mean) ** 2 for r in returns) / len(returns)),
+            "eval/episode_length_mean": sum(lengths) / len(lengths),
+        }

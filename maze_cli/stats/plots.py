@@ -1,0 +1,41 @@
+"""Learning curves as PNG files (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def read_stats(run_dir: Path) -> list[dict]:
+    path = run_dir / "stats.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_learning_curve(run_dir: Path) -> Path | None:
+    """`learning_curve.png`: training (and eval) return against env steps."""
+    stats = read_stats(run_dir)
+    if not stats:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in (("train/return_mean", "train return (epoch mean)"), ("eval/return_mean", "eval return")):
+        points = [(row["env_steps"], row[key]) for row in stats if key in row]
+        if points:
+            ax.plot(*zip(*points), marker="." if key.startswith("eval") else None, label=label)
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("return")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = run_dir / "learning_curve.png"
+    tmp = out.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(out)
+    return out
