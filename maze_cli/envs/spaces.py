@@ -120,5 +120,5 @@ class ObservationWriter:
         for key in self.keys:
             value = np.asarray(self._lookup(observation, key))
             if key in self.offsets:
-                value = value - self.offsets[key]
+                value = np.asarray(value - self.offsets[key])
             out[key][index].copy_(torch.from_numpy(value).reshape(out[key][index].shape))
