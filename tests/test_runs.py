@@ -1,0 +1,173 @@
+"""Runs a user can trust: evaluation, checkpoints, interruption and resume, rollout, sweeps."""
+
+import csv
+import os
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+import torch
+
+from tests.cli import REPO, TRAIN, run_train
+from tests.helpers import processes_with_env_tag, wait_until
+from tests.test_train import read_stats
+
+ROLLOUT = TRAIN.with_name("rollout")
+
+
+def start_train(*overrides, run_dir):
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "MAZE_TEST_TAG": tag, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([str(TRAIN), *overrides, f"hydra.run.dir={run_dir}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
+    return proc, tag
+
+
+def wait_for_epochs(run_dir, n, timeout=60):
+    return wait_until(lambda: (run_dir / "stats.jsonl").is_file() and len(read_stats(run_dir)) >= n, timeout=timeout)
+
+
+def test_evaluation_runs_every_interval_and_best_checkpoint_follows_it(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train("+env=cartpole", "runner=sequential", "max_env_steps=15360", "epoch_length=3", "eval.interval=2",
+                       "eval.episodes=3", "target_return=null", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    stats = read_stats(run_dir)
+    n = len(stats)
+    assert n >= 4
+    # Every 2nd epoch, and the last one whatever its number.
+    assert [row["epoch"] for row in stats if "eval/return_mean" in row] == [e for e in range(1, n + 1) if e % 2 == 0 or e == n]
+    for row in stats:
+        if "eval/return_mean" in row:
+            assert {"eval/return_std", "eval/episode_length_mean", "eval/best_return_mean"} <= set(row)
+    best = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=False)
+    assert best["trainer"]["best_eval"] == max(row["eval/return_mean"] for row in stats if "eval/return_mean" in row)
+    assert (run_dir / "learning_curve.png").stat().st_size > 1000
+
+
+def test_the_target_is_judged_on_evaluation_when_it_is_on(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train("+env=cartpole", "runner=sequential", "eval.interval=1", "eval.episodes=2", "target_return=15",
+                       "target_window=1000", "epoch_length=1", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    # The training window of 1000 episodes cannot be full after one epoch: only evaluation can stop it.
+    assert "stopped: target_return" in result.stdout
+    assert read_stats(run_dir)[-1]["eval/return_mean"] >= 15
+
+
+@pytest.mark.slow
+def test_a_run_interrupted_by_sigint_resumes_its_step_count_and_improves(tmp_path):
+    run_dir = tmp_path / "run"
+    proc, tag = start_train("+env=cartpole", "runner=subproc", "target_return=null", "max_env_steps=10000000", run_dir=run_dir)
+    assert wait_for_epochs(run_dir, 3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert wait_until(lambda: processes_with_env_tag(tag) == [], timeout=10)
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)
+    assert saved["stop_reason"] == "interrupted"
+    before = read_stats(run_dir)
+    steps = saved["trainer"]["env_steps"]
+    assert steps >= before[-1]["env_steps"]
+
+    result = run_train(f"resume={run_dir}", f"max_env_steps={steps + 150000}", run_dir=None)
+    assert result.returncode == 0, result.stderr
+    after = read_stats(run_dir)[len(before):]
+    assert after[0]["epoch"] == saved["trainer"]["epoch"] + 1
+    assert after[0]["env_steps"] > steps and after[-1]["env_steps"] >= steps + 150000
+    returns = [row["train/return_mean"] for row in read_stats(run_dir)]
+    assert max(returns[len(before):]) > max(returns[0], 100)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    tb_steps = [e.step for e in events.Scalars("train/return_mean")]
+    assert tb_steps[-1] == after[-1]["env_steps"] and max(tb_steps[: len(before)]) < after[0]["env_steps"]
+
+
+def test_resume_refuses_to_change_anything_but_the_budget(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_train("+env=cartpole", "runner=sequential", "max_env_steps=2048", run_dir=run_dir).returncode == 0
+    result = run_train(f"resume={run_dir}", "algorithm.lr=0.1")
+    assert result.returncode == 2 and "algorithm: cannot change when resuming" in result.stderr
+    result = run_train(f"resume={tmp_path / 'nothing'}")
+    assert result.returncode == 2 and "not a run dir" in result.stderr
+
+
+def test_sigterm_stops_the_run_with_143_and_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    proc, tag = start_train("+env=cartpole", "runner=subproc", "target_return=null", "max_env_steps=10000000", run_dir=run_dir)
+    assert wait_for_epochs(run_dir, 1)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 143 and time.monotonic() - start < 10
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["stop_reason"] == "interrupted"
+    assert wait_until(lambda: processes_with_env_tag(tag) == [], timeout=10)
+
+
+def test_a_checkpoint_written_while_being_killed_is_never_truncated(tmp_path):
+    run_dir = tmp_path / "run"
+    for delay in (3.0, 3.7, 4.4):
+        proc, tag = start_train("+env=cartpole", "runner=sequential", "checkpoint.interval=1", "epoch_length=1",
+                                "eval.interval=1", "eval.episodes=1", "target_return=null", "max_env_steps=10000000",
+                                "policy.hidden_sizes=[512,512]", run_dir=run_dir)
+        time.sleep(delay)
+        proc.kill()
+        proc.communicate()
+        for name in ("last.pt", "best.pt"):
+            path = run_dir / "checkpoints" / name
+            if path.exists():
+                torch.load(path, weights_only=False)  # raises on a truncated file
+        assert wait_until(lambda: processes_with_env_tag(tag) == [], timeout=10)
+    assert (run_dir / "checkpoints" / "last.pt").exists()
+
+
+@pytest.mark.slow
+def test_rollout_of_a_trained_cartpole_policy_is_far_above_random(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train("+env=cartpole", "runner=subproc", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    proc = subprocess.run([str(ROLLOUT), f"checkpoint={run_dir / 'checkpoints' / 'best.pt'}", "episodes=5", "render=true"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    mean = float(proc.stdout.split("return ")[1].split()[0])
+    assert mean > 200  # a random policy scores about 22
+    assert (run_dir / "rollout.gif").stat().st_size > 1000
+
+
+def test_rollout_errors_are_one_line(tmp_path):
+    for args, needle in ((["checkpoint=/no/such.pt"], "no such file"), (["checkpoint=x", "episode=3"], "did you mean 'episodes'"),
+                         ([], "checkpoint: a value is required")):
+        proc = subprocess.run([str(ROLLOUT), *args], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_replay_buffer_is_kept_across_a_resume_when_asked(tmp_path):
+    run_dir = tmp_path / "run"
+    common = ["algorithm.initial_buffer_size=256", "algorithm.batch_size=32", "policy.hidden_sizes=[16,16]"]
+    result = run_train("+env=pendulum", "algorithm=sac", "runner=sequential", "max_env_steps=800", "checkpoint.replay_buffer=true",
+                       "eval.interval=0", *common, run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)
+    assert saved["replay_buffer"]["size"] == saved["trainer"]["env_steps"]
+    result = run_train(f"resume={run_dir}", "max_env_steps=1200")
+    assert result.returncode == 0, result.stderr
+    resumed = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)
+    assert resumed["trainer"]["env_steps"] >= 1200
+    assert resumed["replay_buffer"]["size"] == resumed["trainer"]["env_steps"]  # the old transitions plus the new ones
+
+
+def test_a_two_seed_sweep_writes_both_rows_and_the_plot(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.run([str(TRAIN), "-m", "+env=cartpole", "runner=sequential", "seed=1,2", "max_env_steps=4096",
+                           "epoch_length=2", f"hydra.sweep.dir={sweep_dir}"], capture_output=True, text=True, timeout=240,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    rows = list(csv.DictReader(open(sweep_dir / "summary.csv")))
+    assert len(rows) == 2 and "seed=1" in rows[0]["overrides"].split() and "seed=2" in rows[1]["overrides"].split()
+    for r in rows:
+        assert int(r["env_steps"]) >= 4096 and float(r["wall_time_s"]) > 0 and r["best_return"] and r["final_return"]
+    assert (sweep_dir / "summary.png").stat().st_size > 1000
