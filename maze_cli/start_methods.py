@@ -16,7 +16,13 @@ def default_start_method() -> str:
 def warm_up_start_method(start_method: str | None) -> None:
     """Start the forkserver now; it imports torch in its own process while the learner sets up,
     so the first actor starts without that wait. Harmless if called twice or for other methods."""
-    if (start_method or default_start_method()) != "forkserver":
+    method = start_method or default_start_method()
+    current = mp.get_start_method(allow_none=True)
+    if current is not None and current not in mp.get_all_start_methods():
+        # Inside e.g. a joblib/loky worker the process-wide method is one a child cannot name;
+        # children would fail to start, so use a standard one for this process.
+        mp.set_start_method(method, force=True)
+    if method != "forkserver":
         return
     from multiprocessing import forkserver
 
