@@ -22,6 +22,21 @@ from maze_cli.stats.writers import StatsWriter
 log = logging.getLogger("maze_cli")
 
 
+class NonFiniteLoss(FloatingPointError):
+    """A loss became NaN or infinite: the weights are no longer worth training or saving."""
+
+    def __init__(self, name: str, value: float):
+        self.name, self.value = name, value
+        super().__init__(f"{name} became {value}")
+
+
+def check_finite(update: dict[str, float], names: Sequence[str]) -> None:
+    """Raise NonFiniteLoss for the first of `names` in `update` that is NaN or infinite."""
+    for name in names:
+        if name in update and not math.isfinite(update[name]):
+            raise NonFiniteLoss(f"learner/{name}", update[name])
+
+
 class TrainingLoop(Protocol):
     """One algorithm's way of turning experience into updates."""
 

@@ -82,3 +82,10 @@ class SelfKillingEnv(CountingEnv):
             open(self.marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
         return super().step(action)
+
+
+class OutOfSpaceEnv(CountingEnv):
+    """A wrong env: its observations lie outside its observation space."""
+
+    def _obs(self):
+        return np.array([-7.0], dtype=np.float32)

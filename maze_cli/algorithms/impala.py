@@ -17,6 +17,7 @@ from maze_cli.algorithms.optim import Adam
 from maze_cli.parallel.distributed_actors import DistributedActors
 from maze_cli.records import Rollout
 from maze_cli.stats.aggregator import EpochStatsAggregator
+from maze_cli.training import check_finite
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ class ImpalaLoop:
         batch, queue_before, _, dequeue_s = self.actors.collect_outputs(self.learner.device)
         t1 = time.perf_counter()
         update = self.learner.update(batch)
+        check_finite(update, ("loss", "policy_loss", "value_loss"))
         t2 = time.perf_counter()
         self.actors.broadcast_updated_policy(self.learner.policy.state_dict())
         t3 = time.perf_counter()

@@ -22,6 +22,7 @@ from maze_cli.algorithms.optim import Adam
 from maze_cli.parallel.workers_with_buffer import BaseDistributedWorkersWithBuffer, SampledBatch
 from maze_cli.policies.actor_critic import ObservationEncoder, _mlp
 from maze_cli.stats.aggregator import EpochStatsAggregator
+from maze_cli.training import check_finite
 
 _LOG_STD_MIN, _LOG_STD_MAX = -5.0, 2.0
 
@@ -256,6 +257,7 @@ class SacLoop:
             batch = self.workers.sample_batch(self.learner.device)
             tb = time.perf_counter()
             update, td_errors = self.learner.update(batch)
+            check_finite(update, ("critic_loss", "policy_loss", "alpha_loss"))
             if self.prioritized:
                 self.workers.update_priorities(batch, td_errors)
             sample_s += tb - ta

@@ -35,6 +35,10 @@ RESUMABLE_KEYS = {"max_env_steps", "max_time_s", "target_return", "target_window
                   "device", "torch_threads", "resume"}
 
 
+class TrainingDiverged(RuntimeError):
+    """A NaN or infinite loss stopped the run; the message names the epoch and the last good checkpoint."""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, handled like Ctrl-C (actors stopped, last.pt written) but exiting with 143."""
 
@@ -81,7 +85,7 @@ def run_train(cfg: DictConfig) -> dict:
     from maze_cli.seeding import derive_seed, derive_seeds, seed_everything
     from maze_cli.stats.plots import write_learning_curve
     from maze_cli.stats.writers import ConsoleTable, JsonlWriter, TensorBoardWriter
-    from maze_cli.training import Budget, Trainer
+    from maze_cli.training import Budget, NonFiniteLoss, Trainer
 
     check_device(settings.train.device)
     signal.signal(signal.SIGTERM, _raise_terminated)
@@ -113,6 +117,13 @@ def run_train(cfg: DictConfig) -> dict:
             if t.resume:
                 run.runner.broadcast_updated_policy(run.learner.policy.state_dict())
             result = trainer.run()
+    except NonFiniteLoss as err:
+        last = run_dir / "checkpoints" / "last.pt"
+        good = f"the last good checkpoint is {last}" if last.exists() else "no checkpoint was written before it"
+        raise TrainingDiverged(
+            f"{err} in epoch {trainer.epoch + 1} (after {trainer.env_steps:,} env steps); training stopped, {good} "
+            f"(try a smaller algorithm.lr)"
+        ) from None
     except KeyboardInterrupt:
         checkpointer.save_last("interrupted")
         log.info("interrupted: actors stopped, checkpoints/last.pt written")

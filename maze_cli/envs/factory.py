@@ -76,6 +76,22 @@ class EnvFactory:
         try:
             observation_specs(env.observation_space)
             action_spec(env.action_space)
+            self._run_env_checker(env)
             return env.observation_space, env.action_space
         finally:
             env.close()
+
+    def _run_env_checker(self, env: gym.Env) -> None:
+        """gymnasium's env checker (observations inside their space, dtypes, shapes, reset/step
+        signatures); its advice-only warnings are silenced, its errors become one line."""
+        import warnings
+
+        from gymnasium.utils.env_checker import check_env
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                check_env(env.unwrapped, skip_render_check=True)
+        except Exception as err:
+            message = " ".join(str(err).split())
+            raise EnvConfigError(f"env {self.describe()} fails gymnasium's env checker: {message}") from err
