@@ -185,6 +185,7 @@ class Trainer:
             "learner/updates": self.loop.updates(),
             "policy_lag_mean": actor.get("policy_lag", "mean"),
             "policy_lag_max": actor.get("policy_lag", "max"),
+            "actor_restarts": actor.get("actor_restarts", "sum"),
         }
         for event in learner.events():
             stats[event] = learner.get(event, "sum" if event.startswith("time/") else "mean")

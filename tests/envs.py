@@ -89,3 +89,38 @@ class OutOfSpaceEnv(CountingEnv):
 
     def _obs(self):
         return np.array([-7.0], dtype=np.float32)
+
+
+class FaultOnceEnv(CountingEnv):
+    """Fault injection, once per marker file: at the `after`-th step (or reset) of one env instance
+    it raises in `step`, raises in `reset`, SIGKILLs its own process, or hangs in `step`."""
+
+    def __init__(self, marker: str, fault: str = "raise_step", after: int = 200, **kwargs):
+        super().__init__(**kwargs)
+        self.marker, self.fault, self.after = marker, fault, after
+        self.calls = 0
+
+    def _maybe_fault(self, where: str) -> None:
+        import os
+        import signal
+        import time
+
+        if not self.fault.endswith(where) and not (where == "step" and self.fault in ("sigkill", "hang")):
+            return
+        self.calls += 1
+        if self.calls != self.after or os.path.exists(self.marker):
+            return
+        open(self.marker, "w").close()
+        if self.fault == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.fault == "hang":
+            time.sleep(3600)
+        raise RuntimeError(f"injected failure in {where}")
+
+    def reset(self, *, seed=None, options=None):
+        self._maybe_fault("reset")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        self._maybe_fault("step")
+        return super().step(action)

@@ -77,7 +77,7 @@ def test_the_initial_policy_acts_until_a_broadcast_reaches_the_workers(cls):
 
 
 def test_subprocess_workers_keep_collecting_while_the_learner_is_busy_and_stop_cleanly():
-    workers = make_workers(SubprocDistributedWorkersWithBuffer, queue_out_of_sync_factor=2.0)
+    workers = make_workers(SubprocDistributedWorkersWithBuffer, backend_options={"queue_out_of_sync_factor": 2.0})
     with workers:
         workers.collect_rollouts()
         time.sleep(2.0)  # the learner "updates"; workers fill the queue meanwhile

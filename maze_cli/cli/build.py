@@ -84,9 +84,15 @@ def _actor_seeds(settings: Settings) -> dict[str, list[int]]:
     }
 
 
-def _subproc_kwargs(settings: Settings) -> dict[str, Any]:
+def _backend_kwargs(settings: Settings) -> dict[str, Any]:
+    """The runner's own options, as its DistributedActors class takes them."""
     r = settings.runner
-    return {"queue_out_of_sync_factor": r.queue_out_of_sync_factor, "start_method": r.start_method}
+    if r.name == "ray":
+        return _ray_kwargs(settings)
+    if r.name == "subproc":
+        return {"queue_out_of_sync_factor": r.queue_out_of_sync_factor, "start_method": r.start_method,
+                "max_restarts": r.max_restarts, "rollout_timeout_s": r.rollout_timeout_s}
+    return {"max_restarts": r.max_restarts}
 
 
 def _ray_kwargs(settings: Settings) -> dict[str, Any]:
@@ -119,13 +125,13 @@ def _build_impala(settings: Settings, env_factory: EnvFactory, observation_space
         actor_env_seeds=seeds["env"], actor_agent_seeds=seeds["agent"],
     )
     if r.name == "sequential":
-        actors: DistributedActors = SequentialDistributedActors(**common)
+        actors: DistributedActors = SequentialDistributedActors(**common, **_backend_kwargs(settings))
     elif r.name == "ray":
         from maze_cli.parallel.ray_backend import RayDistributedActors
 
-        actors = RayDistributedActors(**common, **_ray_kwargs(settings))
+        actors = RayDistributedActors(**common, **_backend_kwargs(settings))
     else:
-        actors = SubprocDistributedActors(**common, **_subproc_kwargs(settings))
+        actors = SubprocDistributedActors(**common, **_backend_kwargs(settings))
     return Run(ImpalaLoop(actors, learner), actors, learner, blueprint)
 
 
@@ -175,12 +181,12 @@ def _build_sac(settings: Settings, env_factory: EnvFactory, observation_space, a
         split_rollouts_into_transitions=a.split_rollouts_into_transitions, env_instance_seeds=seeds["env"],
         replay_buffer_seed=rb.seed if rb.seed is not None else derive_seed(settings.train.seed, "replay_buffer"),
         envs_per_worker=r.envs_per_actor, worker_agent_seeds=seeds["agent"], replay_buffer=rb.name,
-        prioritized=prioritized if rb.name == "prioritized" else None,
+        prioritized=prioritized if rb.name == "prioritized" else None, backend_options=_backend_kwargs(settings),
     )
     if r.name == "sequential":
         workers: BaseDistributedWorkersWithBuffer = SequentialDistributedWorkersWithBuffer(**common)
     elif r.name == "ray":
-        workers = RayDistributedWorkersWithBuffer(**common, ray_options=_ray_kwargs(settings))
+        workers = RayDistributedWorkersWithBuffer(**common)
     else:
-        workers = SubprocDistributedWorkersWithBuffer(**common, **_subproc_kwargs(settings))
+        workers = SubprocDistributedWorkersWithBuffer(**common)
     return Run(SacLoop(workers, learner, a.replay_ratio, rb.name == "prioritized"), workers, learner, blueprint)

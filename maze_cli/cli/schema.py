@@ -124,6 +124,7 @@ class SequentialRunnerConfig:
     batch_size: int = _f(2, ge=1)
     actor_env_seeds: Optional[List[int]] = None
     actor_agent_seeds: Optional[List[int]] = None
+    max_restarts: int = _f(3, ge=0)
 
 
 @dataclass
@@ -131,6 +132,7 @@ class SubprocRunnerConfig(SequentialRunnerConfig):
     name: str = "subproc"
     queue_out_of_sync_factor: float = _f(1.0, gt=0)
     start_method: Optional[str] = _f(None, choices=("forkserver", "spawn", "fork"))
+    rollout_timeout_s: Optional[float] = _f(120.0, gt=0)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import logging
 from typing import Callable
 
 import gymnasium as gym
@@ -17,6 +18,8 @@ from torch import nn
 from maze_cli.envs.spaces import action_spec, observation_specs
 from maze_cli.records import Rollout, RolloutInfo, RolloutSpec
 from maze_cli.stats.aggregator import EpochStatsAggregator, LogStatsLevel
+
+log = logging.getLogger("maze_cli")
 
 
 class ActorFailure(RuntimeError):
@@ -42,6 +45,8 @@ class DistributedActors(abc.ABC):
     :param actor_env_seeds: one env seed per actor.
     :param actor_agent_seeds: one sampling seed per actor.
     :param initial_policy: acted with until the first broadcast (e.g. uniform random exploration).
+    :param max_restarts: failed actors restarted per run (fresh envs, seeds derived from the actor's
+        seed and its restart count, the lost rollout dropped); one more failure ends the run.
     """
 
     def __init__(
@@ -55,6 +60,7 @@ class DistributedActors(abc.ABC):
         actor_env_seeds: list[int] | None = None,
         actor_agent_seeds: list[int] | None = None,
         initial_policy: nn.Module | None = None,
+        max_restarts: int = 0,
     ):
         if n_actors < 1 or batch_size < 1 or n_rollout_steps < 1 or envs_per_actor < 1:
             raise ValueError("n_actors, batch_size, n_rollout_steps and envs_per_actor must be at least 1")
@@ -68,6 +74,9 @@ class DistributedActors(abc.ABC):
         self.actor_env_seeds = self._check_seeds("actor_env_seeds", actor_env_seeds, list(range(n_actors)))
         self.actor_agent_seeds = self._check_seeds("actor_agent_seeds", actor_agent_seeds, list(range(1000, 1000 + n_actors)))
         self.initial_policy = initial_policy
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.actor_restarts = [0] * n_actors
         self.rollout_spec = self._rollout_spec(policy)
         self.policy_version = 0
         self.epoch_stats = EpochStatsAggregator()
@@ -122,6 +131,34 @@ class DistributedActors(abc.ABC):
         stats.add("policy_lag", self.policy_version - info.policy_version)
         for name, seconds in info.timings.items():
             stats.add(name, seconds)
+
+    # -- failures ------------------------------------------------------------------------------
+    def restart_seeds(self, index: int) -> tuple[int, int]:
+        """Env and agent seeds of actor `index` after its restarts so far (the originals before any)."""
+        from maze_cli.seeding import derive_seed
+
+        k = self.actor_restarts[index]
+        env_seed, agent_seed = self.actor_env_seeds[index], self.actor_agent_seeds[index]
+        if k == 0:
+            return env_seed, agent_seed
+        return derive_seed(env_seed, f"restart-{k}"), derive_seed(agent_seed, f"restart-{k}")
+
+    def _recover(self, failure: ActorFailure) -> None:
+        """Restart the failed actor within the budget, or end the run with the failure."""
+        if self.restarts >= self.max_restarts:
+            if self.max_restarts:
+                failure.args = (f"{failure.args[0]}\n(all {self.max_restarts} restarts of runner.max_restarts used)",)
+            raise failure
+        self.restarts += 1
+        index = failure.actor_index
+        self.actor_restarts[index] += 1
+        self.epoch_stats.add("actor_restarts", 1)
+        reason = failure.details.strip().splitlines()[-1] if failure.details.strip() else "unknown error"
+        log.warning(f"actor {index} failed ({reason}); restarting it: restart {self.restarts} of {self.max_restarts}")
+        self._restart_actor(index)
+
+    def _restart_actor(self, index: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot restart actors")
 
     # -- stats ---------------------------------------------------------------------------------
     def get_epoch_stats_aggregator(self) -> EpochStatsAggregator:

@@ -8,31 +8,34 @@ from torch import nn
 
 
 class SharedWeights:
-    """A shared-memory copy of a module's state_dict plus a version counter.
+    """A shared-memory copy of a module's state_dict guarded by a sequence counter (a seqlock).
 
-    The learner `publish`es under a lock; an actor checks `version` (a plain shared int read, no
-    lock) before each rollout and `pull`s only when it moved on.
+    The learner is the only writer: it makes the counter odd, copies, makes it even again. A reader
+    copies and retries if the counter was odd or moved meanwhile. No lock is ever held, so an actor
+    killed in the middle of a read cannot block the learner. The policy version is counter / 2.
     """
 
-    def __init__(self, module: nn.Module, lock) -> None:
+    def __init__(self, module: nn.Module) -> None:
         self.tensors = {k: v.detach().clone().share_memory_() for k, v in module.state_dict().items()}
-        self._version = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self._lock = lock
+        self._sequence = torch.zeros(1, dtype=torch.int64).share_memory_()
 
     @property
     def version(self) -> int:
-        return int(self._version[0])
+        return int(self._sequence[0]) // 2
 
     def publish(self, state_dict: dict[str, torch.Tensor]) -> int:
         """Copy `state_dict` in and bump the version; returns the new version."""
-        with self._lock:
-            for key, tensor in self.tensors.items():
-                tensor.copy_(state_dict[key].detach())
-            self._version += 1
-            return int(self._version[0])
+        self._sequence += 1  # odd: writing
+        for key, tensor in self.tensors.items():
+            tensor.copy_(state_dict[key].detach())
+        self._sequence += 1  # even: done
+        return self.version
 
     def pull(self, module: nn.Module) -> int:
-        """Copy the current weights into `module`; returns their version."""
-        with self._lock:
-            module.load_state_dict(self.tensors)
-            return int(self._version[0])
+        """Copy a consistent version of the weights into `module`; returns that version."""
+        while True:
+            before = int(self._sequence[0])
+            if before % 2 == 0:
+                module.load_state_dict(self.tensors)
+                if int(self._sequence[0]) == before:
+                    return before // 2

@@ -73,6 +73,7 @@ def actor_process(
     """The body of one actor subprocess: pull weights if newer, take a free slot, fill it, hand it over."""
     torch.set_num_threads(1)
     actor = None
+    slot = None  # the slot this actor holds, handed back with an error report
     try:
         actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy)
         while not stop_event.is_set():
@@ -87,10 +88,11 @@ def actor_process(
             info.timings["actor_wait_s"] = wait
             if not _put(filled_slots, ("rollout", slot, info), stop_event):
                 break
+            slot = None
     except KeyboardInterrupt:
         pass
     except Exception:
-        _put(filled_slots, ("error", index, traceback.format_exc()), stop_event)
+        _put(filled_slots, ("error", index, slot, traceback.format_exc()), stop_event)
     finally:
         if actor is not None:
             actor.close()
@@ -102,6 +104,9 @@ class SubprocDistributedActors(DistributedActors):
     :param queue_out_of_sync_factor: the queue holds at most `factor * batch_size` rollouts, so a
         rollout is at most that many rollouts (plus one per actor in flight) behind the learner.
     :param start_method: one of `multiprocessing.get_all_start_methods()`; forkserver by default.
+    :param max_restarts: see DistributedActors; a dead process may take its slot with it, so the
+        pool holds one spare slot per allowed restart.
+    :param rollout_timeout_s: an actor that sent no rollout for this long is treated as failed.
     """
 
     def __init__(
@@ -117,11 +122,14 @@ class SubprocDistributedActors(DistributedActors):
         actor_agent_seeds: list[int] | None = None,
         envs_per_actor: int = 1,
         initial_policy: nn.Module | None = None,
+        max_restarts: int = 0,
+        rollout_timeout_s: float | None = None,
     ):
         super().__init__(
             env_factory, policy, n_rollout_steps, n_actors, batch_size, envs_per_actor, actor_env_seeds, actor_agent_seeds,
-            initial_policy,
+            initial_policy, max_restarts,
         )
+        self.rollout_timeout_s = rollout_timeout_s
         if queue_out_of_sync_factor <= 0:
             raise ValueError("queue_out_of_sync_factor must be positive")
         self.start_method = start_method or default_start_method()
@@ -134,29 +142,44 @@ class SubprocDistributedActors(DistributedActors):
         self._stopped = True
 
     def start(self) -> None:
-        ctx = mp.get_context(self.start_method)
+        self._ctx = mp.get_context(self.start_method)
         warm_up_start_method(self.start_method)
-        self.slots = self.rollout_spec.allocate(shared=True, n_slots=self.queue_size + self.n_actors)
-        self.free_slots = ctx.Queue()
-        for slot in range(self.queue_size + self.n_actors):
+        n_slots = self.queue_size + self.n_actors + self.max_restarts
+        self.slots = self.rollout_spec.allocate(shared=True, n_slots=n_slots)
+        self.free_slots = self._ctx.Queue()
+        for slot in range(n_slots):
             self.free_slots.put(slot)
-        self.filled_slots = ctx.Queue(maxsize=self.queue_size)
-        self.weights = SharedWeights(self.policy, ctx.Lock())
-        self.stop_event = ctx.Event()
-        policy_copy = copy.deepcopy(self.policy)
+        self.filled_slots = self._ctx.Queue(maxsize=self.queue_size)
+        self.weights = SharedWeights(self.policy)
+        self.stop_event = self._ctx.Event()
+        self._policy_copy = copy.deepcopy(self.policy)
         self._stopped = False
+        self.processes = [None] * self.n_actors
+        self.last_seen = [time.monotonic()] * self.n_actors
         for i in range(self.n_actors):
-            process = ctx.Process(
-                target=actor_process,
-                name=f"maze-actor-{i}",
-                args=(
-                    i, self.env_factory, policy_copy, self.rollout_spec, self.slots, self.free_slots, self.filled_slots,
-                    self.weights, self.stop_event, self.actor_env_seeds[i], self.actor_agent_seeds[i], self.initial_policy,
-                ),
-                daemon=True,
-            )
-            process.start()
-            self.processes.append(process)
+            self._spawn(i)
+
+    def _spawn(self, index: int) -> None:
+        env_seed, agent_seed = self.restart_seeds(index)
+        process = self._ctx.Process(
+            target=actor_process,
+            name=f"maze-actor-{index}",
+            args=(
+                index, self.env_factory, self._policy_copy, self.rollout_spec, self.slots, self.free_slots, self.filled_slots,
+                self.weights, self.stop_event, env_seed, agent_seed, self.initial_policy,
+            ),
+            daemon=True,
+        )
+        process.start()
+        self.processes[index] = process
+        self.last_seen[index] = time.monotonic()
+
+    def _restart_actor(self, index: int) -> None:
+        old = self.processes[index]
+        if old.is_alive():
+            old.kill()
+        old.join(timeout=_JOIN_TIMEOUT_S)
+        self._spawn(index)
 
     def stop(self) -> None:
         """Signal the actors, drain the queue so none blocks, join them, and kill any that linger."""
@@ -188,36 +211,53 @@ class SubprocDistributedActors(DistributedActors):
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.policy_version = self.weights.publish(state_dict)
 
+    def _failure(self, index: int, details: str) -> ActorFailure:
+        env_seed, agent_seed = self.restart_seeds(index)
+        return ActorFailure(index, env_seed, agent_seed, details)
+
     def _check_alive(self) -> None:
-        """Raise ActorFailure if any actor process is gone (one poll over the process sentinels)."""
+        """Recover any actor whose process is gone (one poll over the process sentinels)."""
         dead = mp.connection.wait([p.sentinel for p in self.processes], timeout=0)
         for i, process in enumerate(self.processes):
             if process.sentinel in dead:
                 process.join(timeout=0)
-                raise ActorFailure(
-                    i, self.actor_env_seeds[i], self.actor_agent_seeds[i],
-                    f"process {process.pid} exited with code {process.exitcode}",
-                )
+                self._recover(self._failure(i, f"process {process.pid} exited with code {process.exitcode}"))
+
+    def _check_silent(self) -> None:
+        """Recover actors that sent nothing for `rollout_timeout_s` while the learner waited."""
+        if self.rollout_timeout_s is None:
+            return
+        now = time.monotonic()
+        for i, seen in enumerate(self.last_seen):
+            if now - seen > self.rollout_timeout_s:
+                self._recover(self._failure(i, f"silent: no rollout for {now - seen:.0f} s (runner.rollout_timeout_s={self.rollout_timeout_s})"))
 
     def _next_message(self) -> tuple:
-        """The next queue message; raises ActorFailure as soon as an actor process is gone."""
+        """The next queue message, recovering dead or silent actors while waiting."""
         while True:
             try:
                 return self.filled_slots.get(timeout=_POLL_S)
             except queue.Empty:
                 self._check_alive()
+                self._check_silent()
 
     def collect_outputs(self, learner_device: str) -> tuple[Rollout, float, float, float]:
         self._check_alive()
+        self._check_silent()  # the others may keep the queue full while one actor hangs
         queue_before = self.filled_slots.qsize()
         start = time.perf_counter()
         taken: list[int] = []
         while len(taken) < self.batch_size:
             kind, *payload = self._next_message()
             if kind == "error":
-                index, details = payload
-                raise ActorFailure(index, self.actor_env_seeds[index], self.actor_agent_seeds[index], details)
+                index, slot, details = payload
+                if slot is not None:
+                    self.free_slots.put(slot)
+                self.processes[index].join(timeout=_JOIN_TIMEOUT_S)  # it exits after reporting
+                self._recover(self._failure(index, details))
+                continue
             slot, info = payload
+            self.last_seen[info.actor_index] = time.monotonic()
             self._record_rollout(info)
             taken.append(slot)
         dequeue_time = time.perf_counter() - start

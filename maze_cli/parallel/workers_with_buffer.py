@@ -69,6 +69,8 @@ class BaseDistributedWorkersWithBuffer(abc.ABC):
     :param split_rollouts_into_transitions: store single transitions (True) or whole rollouts.
     :param env_instance_seeds: one env seed per worker.
     :param replay_buffer_seed: seeds the buffer's sampling.
+    :param backend_options: passed on to the backend's DistributedActors (e.g. max_restarts,
+        queue_out_of_sync_factor, start_method, or Ray's address and resources).
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class BaseDistributedWorkersWithBuffer(abc.ABC):
         worker_agent_seeds: list[int] | None = None,
         replay_buffer: str = "uniform",
         prioritized: dict | None = None,
+        backend_options: dict | None = None,
     ):
         self.batch_size = batch_size
         self.initial_buffer_size = initial_buffer_size
@@ -97,7 +100,7 @@ class BaseDistributedWorkersWithBuffer(abc.ABC):
         self.workers = self._make_workers(
             env_factory=env_factory, policy=worker_policy, n_rollout_steps=n_rollout_steps, n_actors=n_workers,
             batch_size=rollouts_per_iteration, envs_per_actor=envs_per_worker, actor_env_seeds=env_instance_seeds,
-            actor_agent_seeds=worker_agent_seeds, initial_policy=initial,
+            actor_agent_seeds=worker_agent_seeds, initial_policy=initial, **(backend_options or {}),
         )
         specs = _item_specs(self.workers.rollout_spec, self.split)
         self.replay_buffer: ReplayBuffer = make_replay_buffer(replay_buffer, replay_buffer_size, specs, replay_buffer_seed, **(prioritized or {}))
@@ -202,12 +205,8 @@ class SequentialDistributedWorkersWithBuffer(BaseDistributedWorkersWithBuffer):
 class SubprocDistributedWorkersWithBuffer(BaseDistributedWorkersWithBuffer):
     """Workers in subprocesses that keep collecting while the learner updates (up to the queue bound)."""
 
-    def __init__(self, *args, queue_out_of_sync_factor: float = 1.0, start_method: str | None = None, **kwargs):
-        self._subproc = {"queue_out_of_sync_factor": queue_out_of_sync_factor, "start_method": start_method}
-        super().__init__(*args, **kwargs)
-
     def _make_workers(self, **kwargs) -> DistributedActors:
-        return SubprocDistributedActors(**kwargs, **self._subproc)
+        return SubprocDistributedActors(**kwargs)
 
     def alive_pids(self) -> list[int]:
         return self.workers.alive_pids()
@@ -216,11 +215,7 @@ class SubprocDistributedWorkersWithBuffer(BaseDistributedWorkersWithBuffer):
 class RayDistributedWorkersWithBuffer(BaseDistributedWorkersWithBuffer):
     """Workers as Ray actors (see RayDistributedActors for the Ray options)."""
 
-    def __init__(self, *args, ray_options: dict | None = None, **kwargs):
-        self._ray = dict(ray_options or {})
-        super().__init__(*args, **kwargs)
-
     def _make_workers(self, **kwargs) -> DistributedActors:
         from maze_cli.parallel.ray_backend import RayDistributedActors
 
-        return RayDistributedActors(**kwargs, **self._ray)
+        return RayDistributedActors(**kwargs)
