@@ -54,13 +54,14 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=20)
     parser.add_argument("--fault-p", type=float, default=1.5e-7)
     parser.add_argument("--out", default="soak.csv")
+    parser.add_argument("--runner", default="subproc", choices=("subproc", "ray"))
     args = parser.parse_args()
     run_dir = Path(tempfile.mkdtemp(prefix="soak-"))
     config_dir = run_dir / "configs"
     (config_dir / "env").mkdir(parents=True)
     (config_dir / "env" / "flaky.yaml").write_text(f"_target_: soak_env.FlakyCartPole\np: {args.fault_p}\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
-    cmd = [str(TRAIN), "--config-dir", str(config_dir), "+env=flaky", "runner=subproc", "target_return=null",
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+    cmd = [str(TRAIN), "--config-dir", str(config_dir), "+env=flaky", f"runner={args.runner}", "target_return=null",
            f"max_time_s={args.minutes * 60}", "max_env_steps=100000000000", "runner.max_restarts=1000",
            f"hydra.run.dir={run_dir / 'run'}"]
     start = time.monotonic()

@@ -15,7 +15,8 @@ class FlakyCartPole(gym.Wrapper):
     def __init__(self, p: float = 1e-7, seed: int | None = None):
         super().__init__(gym.make("CartPole-v1"))
         self.p = p
-        self.rng = np.random.default_rng(seed if seed is not None else os.getpid())
+        # Fresh OS entropy per instance: envs of one actor must not fail at the same step.
+        self.rng = np.random.default_rng(seed)
 
     def step(self, action):
         if self.rng.random() < self.p:

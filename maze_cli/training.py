@@ -147,14 +147,7 @@ class Trainer:
                 self.epoch += 1
                 stats = self._epoch_stats(self.time_offset + time.perf_counter() - start, time.perf_counter() - epoch_start, steps_before)
                 if self.evaluate is not None and (self.epoch % self.eval_interval == 0 or reason is not None):
-                    stats.update(self.evaluate())
-                    eval_mean = stats["eval/return_mean"]
-                    if self.best_eval is None or eval_mean > self.best_eval:
-                        self.best_eval = eval_mean
-                    stats["eval/best_return_mean"] = self.best_eval
-                    target = self.budget.target_return
-                    if reason is None and target is not None and eval_mean >= target:
-                        reason = "target_return"
+                    reason = self._evaluate_into(stats, reason)
                 for writer in self.writers:
                     writer.write(stats)
                 if self.on_epoch_end is not None:
@@ -162,6 +155,27 @@ class Trainer:
         elapsed = time.perf_counter() - start
         log.info(f"stopped: {reason} after {self.env_steps:,} env steps, {self.epoch} epochs, {elapsed:.1f}s")
         return TrainResult(self.epoch, self.env_steps, elapsed, reason, self.window_mean())
+
+    def _evaluate_into(self, stats: dict[str, Any], reason: str | None) -> str | None:
+        """Add this epoch's evaluation to `stats`; the stop reason, "target_return" if eval reached it.
+
+        An env that raises during evaluation skips that evaluation with a warning: the same env
+        failing in an actor costs one restart, so here it must not cost the whole run."""
+        try:
+            stats.update(self.evaluate())
+        except Exception as err:  # noqa: BLE001 - any env error
+            log.warning(f"evaluation in epoch {self.epoch} failed ({type(err).__name__}: {err}); skipped, training goes on")
+            log.debug("evaluation failure", exc_info=True)
+            stats["eval/failures"] = 1
+            return reason
+        eval_mean = stats["eval/return_mean"]
+        if self.best_eval is None or eval_mean > self.best_eval:
+            self.best_eval = eval_mean
+        stats["eval/best_return_mean"] = self.best_eval
+        target = self.budget.target_return
+        if reason is None and target is not None and eval_mean >= target:
+            return "target_return"
+        return reason
 
     def _one_update(self) -> None:
         returns = self.loop.actor_stats.values("episode_return")

@@ -31,3 +31,15 @@ def run_train(*overrides: str, run_dir: Path | None = None, timeout: float = 300
         args.append(f"hydra.run.dir={run_dir}")
     proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=run_dir.parent if run_dir else None, stdin=subprocess.DEVNULL)
     return Result(proc.returncode, proc.stdout, proc.stderr, tag)
+
+
+def fault_env(tmp_path: Path, fault: str, **env_options) -> list[str]:
+    """Overrides that train on `tests.envs.FaultOnceEnv` with `fault` injected once in the run
+    (the marker file under `tmp_path` records that it happened)."""
+    config_dir = tmp_path / "configs"
+    (config_dir / "env").mkdir(parents=True, exist_ok=True)
+    after = 30 if fault == "raise_reset" else 300
+    options = "".join(f"{k}: {v}\n" for k, v in env_options.items())
+    (config_dir / "env" / "faulty.yaml").write_text(
+        f"_target_: tests.envs.FaultOnceEnv\nmarker: {tmp_path / 'fault'}\nfault: {fault}\nafter: {after}\nlength: 5\n{options}")
+    return ["--config-dir", str(config_dir), "+env=faulty", "eval.interval=0"]

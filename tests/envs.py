@@ -124,3 +124,23 @@ class FaultOnceEnv(CountingEnv):
     def step(self, action):
         self._maybe_fault("step")
         return super().step(action)
+
+
+class LearnerSideFaultEnv(CountingEnv):
+    """Fault injection for evaluation: raises in `step` in the main process (where the learner
+    evaluates) once that process has stepped any instance `after` times; never in an actor's process."""
+
+    steps_in_process = 0
+
+    def __init__(self, after: int = 100, **kwargs):
+        super().__init__(**kwargs)
+        self.after = after
+
+    def step(self, action):
+        import multiprocessing
+
+        if multiprocessing.parent_process() is None:
+            LearnerSideFaultEnv.steps_in_process += 1
+            if LearnerSideFaultEnv.steps_in_process > self.after:
+                raise RuntimeError("injected failure in evaluation")
+        return super().step(action)

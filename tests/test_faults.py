@@ -1,6 +1,11 @@
 """Runs that must stop clearly: a diverging loss, a wrong env."""
 
-from tests.cli import run_train
+import json
+import time
+
+import pytest
+
+from tests.cli import fault_env, run_train
 from tests.helpers import processes_with_env_tag
 from tests.test_cli_errors import assert_one_line_error
 
@@ -32,34 +37,26 @@ def test_a_wrong_env_is_caught_by_the_env_checker_before_any_actor_starts(tmp_pa
     assert_one_line_error(result, "tests.envs.OutOfSpaceEnv", "env checker", "observation")
 
 
-import pytest  # noqa: E402
-
-FAULTS = [("sequential", "raise_step"), ("sequential", "raise_reset"), ("subproc", "raise_step"),
+FAULTS = [("sequential", "raise_step"), ("sequential", "raise_reset"), ("sequential", "hang"), ("subproc", "raise_step"),
           ("subproc", "raise_reset"), ("subproc", "sigkill"), ("subproc", "hang")]
+EXPECTED_ERROR = {"raise_step": "injected failure in step", "raise_reset": "injected failure in reset",
+                  "sigkill": "exited with code -9", "hang": "silent: no rollout"}
 
 
-def fault_env(tmp_path, fault):
-    config_dir = tmp_path / "configs"
-    (config_dir / "env").mkdir(parents=True, exist_ok=True)
-    after = 30 if fault == "raise_reset" else 300
-    (config_dir / "env" / "faulty.yaml").write_text(
-        f"_target_: tests.envs.FaultOnceEnv\nmarker: {tmp_path / 'fault'}\nfault: {fault}\nafter: {after}\nlength: 5\n")
-    return ["--config-dir", str(config_dir), "+env=faulty", "runner.rollout_timeout_s=3", "eval.interval=0"]
+def read_rows(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "stats.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("runner,fault", FAULTS)
 def test_with_restarts_the_run_completes_its_budget(tmp_path, runner, fault):
-    if runner == "sequential":
-        fault_args = [a for a in fault_env(tmp_path, fault) if not a.startswith("runner.rollout_timeout_s")]
-    else:
-        fault_args = fault_env(tmp_path, fault)
     budget = 150000 if fault == "hang" else 30000  # a hang is noticed after rollout_timeout_s=3; the run must outlast that
-    result = run_train(*fault_args, f"runner={runner}", f"max_env_steps={budget}", "epoch_length=5", run_dir=tmp_path / "run", timeout=120)
+    result = run_train(*fault_env(tmp_path, fault), f"runner={runner}", "runner.rollout_timeout_s=3", f"max_env_steps={budget}",
+                       "epoch_length=5", run_dir=tmp_path / "run", timeout=120)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "fault").exists()  # the fault really happened
     log = (tmp_path / "run" / "train.log").read_text()
-    assert "restarting it: restart 1 of 3" in log
-    stats = [__import__("json").loads(line) for line in (tmp_path / "run" / "stats.jsonl").read_text().splitlines()]
+    assert "restarting it: restart 1 of 3" in log and EXPECTED_ERROR[fault].split(":")[0] in log
+    stats = read_rows(tmp_path / "run")
     assert stats[-1]["env_steps"] >= budget
     assert sum(row.get("actor_restarts", 0) for row in stats) == 1
     assert processes_with_env_tag(result.tag) == []
@@ -67,17 +64,37 @@ def test_with_restarts_the_run_completes_its_budget(tmp_path, runner, fault):
 
 @pytest.mark.parametrize("runner,fault", FAULTS)
 def test_without_restarts_the_run_fails_fast_with_the_error(tmp_path, runner, fault):
-    import time
-
-    fault_args = fault_env(tmp_path, fault)
-    if runner == "sequential":
-        fault_args = [a for a in fault_args if not a.startswith("runner.rollout_timeout_s")]
     start = time.monotonic()
-    result = run_train(*fault_args, f"runner={runner}", "runner.max_restarts=0", "max_env_steps=10000000",
-                       run_dir=tmp_path / "run", timeout=120)
+    result = run_train(*fault_env(tmp_path, fault), f"runner={runner}", "runner.rollout_timeout_s=3", "runner.max_restarts=0",
+                       "max_env_steps=10000000", run_dir=tmp_path / "run", timeout=120)
     assert result.returncode == 1, result.stderr
     assert time.monotonic() - start < 30
-    expected = {"raise_step": "injected failure in step", "raise_reset": "injected failure in reset",
-                "sigkill": "exited with code -9", "hang": "silent: no rollout"}[fault]
-    assert "train: error: actor" in result.stderr and expected in result.stderr
+    assert "train: error: actor" in result.stderr and EXPECTED_ERROR[fault] in result.stderr
+    assert "runner.max_restarts=0" in result.stderr
+    assert processes_with_env_tag(result.tag) == []
+
+
+@pytest.mark.parametrize("runner", ["sequential", "subproc"])
+def test_workers_with_buffer_restart_a_failed_worker(tmp_path, runner):
+    result = run_train(*fault_env(tmp_path, "raise_step", action_kind="box"), "algorithm=sac", f"runner={runner}",
+                       "max_env_steps=6000", "epoch_length=2", "algorithm.initial_buffer_size=200", "algorithm.batch_size=32",
+                       run_dir=tmp_path / "run", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "fault").exists()
+    assert "restarting it: restart 1 of 3" in (tmp_path / "run" / "train.log").read_text()
+    assert sum(row.get("actor_restarts", 0) for row in read_rows(tmp_path / "run")) == 1
+    assert processes_with_env_tag(result.tag) == []
+
+
+def test_an_env_failing_in_evaluation_skips_that_evaluation_and_training_goes_on(tmp_path):
+    config_dir = tmp_path / "configs"
+    (config_dir / "env").mkdir(parents=True)
+    (config_dir / "env" / "evalfault.yaml").write_text("_target_: tests.envs.LearnerSideFaultEnv\nafter: 100\n")
+    result = run_train("--config-dir", str(config_dir), "+env=evalfault", "runner=subproc", "max_env_steps=20000",
+                       "epoch_length=2", "eval.interval=1", run_dir=tmp_path / "run", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "failed (RuntimeError: injected failure in evaluation); skipped, training goes on" in (tmp_path / "run" / "train.log").read_text()
+    rows = read_rows(tmp_path / "run")
+    assert rows[-1]["env_steps"] >= 20000
+    assert sum(row.get("eval/failures", 0) for row in rows) >= len(rows) - 2  # the first evaluations may pass
     assert processes_with_env_tag(result.tag) == []

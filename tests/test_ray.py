@@ -12,7 +12,7 @@ from maze_cli.envs import EnvFactory  # noqa: E402
 from maze_cli.parallel import ActorFailure  # noqa: E402
 from maze_cli.parallel.ray_backend import RayDistributedActors  # noqa: E402
 from maze_cli.policies import ActorCritic  # noqa: E402
-from tests.cli import REPO, run_train  # noqa: E402
+from tests.cli import REPO, fault_env, run_train  # noqa: E402
 from tests.helpers import processes_with_env_tag, wait_until  # noqa: E402
 from tests.test_train import read_stats  # noqa: E402
 
@@ -60,28 +60,72 @@ def test_actors_land_on_both_nodes_and_are_gone_after_stop(cluster):
     assert wait_until(lambda: not ray_actor_processes(), timeout=15)
 
 
-def test_a_killed_ray_actor_is_restarted_and_collection_goes_on(cluster):
+def test_a_killed_ray_actor_is_replaced_with_derived_seeds_and_collection_goes_on(cluster):
     with make_actors(cluster, max_restarts=2) as actors:
         actors.collect_outputs("cpu")
-        ray.kill(actors.handles[0], no_restart=False)
+        killed = actors.handles[0]
+        ray.kill(killed, no_restart=True)
         deadline = time.monotonic() + 30
         while actors.restarts == 0 and time.monotonic() < deadline:  # actor 1 serves until 0 is back
             batch, *_ = actors.collect_outputs("cpu")
-        assert actors.restarts == 1
+        assert actors.restarts == 1 and actors.actor_restarts == [1, 0]
+        assert actors.handles[0] != killed
+        assert actors.restart_seeds(0) != (actors.actor_env_seeds[0], actors.actor_agent_seeds[0])
         assert actors.get_stats_value("actor_restarts", name="sum") == 1
         assert batch.actions.shape == (16, 4)
+        for _ in range(3):  # the replacement serves too
+            actors.collect_outputs("cpu")
+        assert all(ref_actor in (0, 1) for ref_actor in actors.pending.values())
 
 
 def test_past_max_restarts_the_run_fails_fast(cluster):
-    with pytest.raises(ActorFailure, match="max_restarts=0"), make_actors(cluster, max_restarts=0) as actors:
+    with pytest.raises(ActorFailure, match="runner.max_restarts=0"), make_actors(cluster, max_restarts=0) as actors:
         actors.collect_outputs("cpu")
-        ray.kill(actors.handles[1], no_restart=False)
+        ray.kill(actors.handles[1], no_restart=True)
         start = time.monotonic()
         try:
             for _ in range(1000):
                 actors.collect_outputs("cpu")
         finally:
             assert time.monotonic() - start < 10
+
+
+RAY_FAULTS = ["raise_step", "raise_reset", "sigkill", "hang"]
+
+
+def ray_fault_args(cluster, tmp_path, fault) -> list[str]:
+    # Ray actors take a few seconds to start on a busy machine: a longer timeout than subproc's tests.
+    return [*fault_env(tmp_path, fault), "runner=ray", f"runner.address={cluster.address}", "runner.rollout_timeout_s=8"]
+
+
+@pytest.mark.parametrize("fault", RAY_FAULTS)
+def test_ray_with_restarts_the_run_completes_its_budget(cluster, tmp_path, fault):
+    budget = 250000 if fault == "hang" else 30000  # the run must outlast the 8 s it takes to notice a hang
+    result = run_train(*ray_fault_args(cluster, tmp_path, fault), f"max_env_steps={budget}", "epoch_length=5",
+                       run_dir=tmp_path / "run", timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "fault").exists()  # the fault really happened
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "actor 0 failed" in log or "actor 1 failed" in log
+    assert "restarting it: restart 1 of 3" in log
+    stats = read_stats(tmp_path / "run")
+    assert stats[-1]["env_steps"] >= budget
+    assert sum(row.get("actor_restarts", 0) for row in stats) == 1
+    assert wait_until(lambda: not ray_actor_processes(), timeout=15)
+
+
+@pytest.mark.parametrize("fault", RAY_FAULTS)
+def test_ray_without_restarts_the_run_fails_fast_with_the_error(cluster, tmp_path, fault):
+    start = time.monotonic()
+    result = run_train(*ray_fault_args(cluster, tmp_path, fault), "runner.max_restarts=0", "max_env_steps=10000000",
+                       run_dir=tmp_path / "run", timeout=180)
+    assert result.returncode == 1, result.stderr
+    assert time.monotonic() - start < 45
+    expected = {"raise_step": "injected failure in step", "raise_reset": "injected failure in reset",
+                "sigkill": "ray actor died", "hang": "silent: no rollout"}[fault]
+    assert "train: error: actor" in result.stderr and expected in result.stderr
+    assert "runner.max_restarts=0" in result.stderr
+    assert wait_until(lambda: not ray_actor_processes(), timeout=15)
 
 
 def test_impala_runs_end_to_end_on_the_cluster_and_survives_a_killed_actor(cluster, tmp_path):

@@ -87,19 +87,19 @@ def _actor_seeds(settings: Settings) -> dict[str, list[int]]:
 def _backend_kwargs(settings: Settings) -> dict[str, Any]:
     """The runner's own options, as its DistributedActors class takes them."""
     r = settings.runner
+    failures = {"max_restarts": r.max_restarts, "rollout_timeout_s": r.rollout_timeout_s}
     if r.name == "ray":
-        return _ray_kwargs(settings)
+        return _ray_kwargs(settings) | failures
     if r.name == "subproc":
-        return {"queue_out_of_sync_factor": r.queue_out_of_sync_factor, "start_method": r.start_method,
-                "max_restarts": r.max_restarts, "rollout_timeout_s": r.rollout_timeout_s}
-    return {"max_restarts": r.max_restarts}
+        return {"queue_out_of_sync_factor": r.queue_out_of_sync_factor, "start_method": r.start_method} | failures
+    return failures
 
 
 def _ray_kwargs(settings: Settings) -> dict[str, Any]:
     r = settings.runner
     return {
         "address": r.address, "num_cpus_per_actor": r.num_cpus_per_actor, "num_gpus_per_actor": r.num_gpus_per_actor,
-        "resources": dict(r.resources), "max_restarts": r.max_restarts, "max_in_flight_per_actor": r.max_in_flight_per_actor,
+        "resources": dict(r.resources), "max_in_flight_per_actor": r.max_in_flight_per_actor,
     }
 
 

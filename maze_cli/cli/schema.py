@@ -125,6 +125,7 @@ class SequentialRunnerConfig:
     actor_env_seeds: Optional[List[int]] = None
     actor_agent_seeds: Optional[List[int]] = None
     max_restarts: int = _f(3, ge=0)
+    rollout_timeout_s: Optional[float] = _f(120.0, gt=0)
 
 
 @dataclass
@@ -132,7 +133,6 @@ class SubprocRunnerConfig(SequentialRunnerConfig):
     name: str = "subproc"
     queue_out_of_sync_factor: float = _f(1.0, gt=0)
     start_method: Optional[str] = _f(None, choices=("forkserver", "spawn", "fork"))
-    rollout_timeout_s: Optional[float] = _f(120.0, gt=0)
 
 
 @dataclass
@@ -142,7 +142,6 @@ class RayRunnerConfig(SequentialRunnerConfig):
     num_cpus_per_actor: float = _f(1.0, ge=0)
     num_gpus_per_actor: float = _f(0.0, ge=0)
     resources: Dict[str, float] = field(default_factory=dict)
-    max_restarts: int = _f(3, ge=0)
     max_in_flight_per_actor: int = _f(2, ge=1)
 
 

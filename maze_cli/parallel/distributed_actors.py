@@ -146,8 +146,9 @@ class DistributedActors(abc.ABC):
     def _recover(self, failure: ActorFailure) -> None:
         """Restart the failed actor within the budget, or end the run with the failure."""
         if self.restarts >= self.max_restarts:
-            if self.max_restarts:
-                failure.args = (f"{failure.args[0]}\n(all {self.max_restarts} restarts of runner.max_restarts used)",)
+            budget = (f"all {self.max_restarts} restarts of runner.max_restarts used" if self.max_restarts
+                      else "runner.max_restarts=0: failed actors are not restarted")
+            failure.args = (f"{failure.args[0]}\n({budget})",)
             raise failure
         self.restarts += 1
         index = failure.actor_index

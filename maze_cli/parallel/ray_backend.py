@@ -4,6 +4,11 @@ The same actor loop runs inside each Ray actor. Rollouts come back as object ref
 takes whichever are ready first (`ray.wait`); each actor has at most `max_in_flight_per_actor`
 rollouts requested, which bounds staleness. Weights travel as one `ray.put` per broadcast plus a
 version number; an actor fetches them only when the version moved.
+
+Failures are handled here, not by Ray's own actor restarts, so that every backend restarts the same
+way: an exception in an actor, a dead actor process (or node), and an actor silent for
+`rollout_timeout_s` all kill the Ray actor and start a fresh one with seeds derived from its seed
+and restart count, within `max_restarts` per run; its rollouts in flight are dropped.
 """
 
 from __future__ import annotations
@@ -38,15 +43,12 @@ def import_ray():
 class RayActorBody:
     """What runs inside one Ray actor: an `Actor` and a record it refills for every request."""
 
-    def __init__(self, index: int, env_factory, policy: nn.Module, spec: RolloutSpec, env_seed: int, agent_seed: int,
-                 initial_policy: nn.Module | None):
-        import ray
-
+    def __init__(self, index: int, env_seed: int, agent_seed: int, shared: tuple):
+        """`shared` is (env_factory, policy, rollout spec, initial policy), the same for every actor."""
+        env_factory, policy, spec, initial_policy = shared
         torch.set_num_threads(1)
         self.actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy)
         self.record = spec.allocate()
-        # True in a process Ray started to replace a dead one: reported with the next rollout.
-        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
 
     def placement(self) -> dict[str, Any]:
         import os
@@ -56,17 +58,15 @@ class RayActorBody:
         context = ray.get_runtime_context()
         return {"node_id": context.get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
-    def collect(self, weights: list) -> tuple[Rollout, RolloutInfo, bool]:
-        """`weights` is [version, ref] (in a list, so Ray does not fetch the ref unless we ask).
-        Returns the rollout, its metadata, and whether this actor is a restarted one (once)."""
+    def collect(self, weights: list) -> tuple[Rollout, RolloutInfo]:
+        """`weights` is [version, ref] (in a list, so Ray does not fetch the ref unless we ask)."""
         version, ref = weights
         if version != self.actor.policy_version:
             import ray
 
             self.actor.load_policy(ray.get(ref), version)
         info = self.actor.collect(self.record)
-        restarted, self.restarted = self.restarted, False
-        return self.record, info, restarted
+        return self.record, info
 
 
 class RayDistributedActors(DistributedActors):
@@ -74,8 +74,10 @@ class RayDistributedActors(DistributedActors):
 
     :param address: None (start a local Ray), "auto", or "host:port" of a running cluster.
     :param num_cpus_per_actor, num_gpus_per_actor, resources: what each Ray actor reserves.
-    :param max_restarts: actor failures tolerated per run (Ray restarts the actor; its rollout is dropped).
+    :param max_restarts: failed actors restarted per run (a fresh Ray actor, derived seeds, its
+        rollouts in flight dropped); one more failure ends the run.
     :param max_in_flight_per_actor: rollouts requested ahead from each actor.
+    :param rollout_timeout_s: an actor that returned no rollout for this long is treated as failed.
     """
 
     def __init__(
@@ -95,24 +97,24 @@ class RayDistributedActors(DistributedActors):
         actor_agent_seeds: list[int] | None = None,
         envs_per_actor: int = 1,
         initial_policy: nn.Module | None = None,
+        rollout_timeout_s: float | None = None,
     ):
         super().__init__(
             env_factory, policy, n_rollout_steps, n_actors, batch_size, envs_per_actor, actor_env_seeds, actor_agent_seeds,
-            initial_policy,
+            initial_policy, max_restarts,
         )
         self.address = address
+        # Ray itself never restarts or retries: a failure is ours to count and to recover from.
         self.actor_options = {
             "num_cpus": num_cpus_per_actor, "num_gpus": num_gpus_per_actor, "resources": dict(resources or {}),
-            "max_restarts": max_restarts, "max_task_retries": 0, "scheduling_strategy": "SPREAD",
+            "max_restarts": 0, "max_task_retries": 0, "scheduling_strategy": "SPREAD",
         }
-        self.max_restarts = max_restarts
         self.max_in_flight = max_in_flight_per_actor
-        self.restarts = 0
-        self.failures_in_a_row: dict[int, int] = {}
+        self.rollout_timeout_s = rollout_timeout_s
         self.handles: list = []
         self.pending: dict = {}
+        self.last_seen: list[float] = []
         self.placements: list[dict[str, Any]] = []
-        self._started_ray = False
         self._connected = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -123,19 +125,19 @@ class RayDistributedActors(DistributedActors):
             ray.init(address=self.address or "local", include_dashboard=False, logging_level=logging.WARNING,
                      configure_logging=False)
             self._connected = True
-            self._started_ray = self.address is None
-        remote = ray.remote(**self.actor_options)(RayActorBody)
-        self.handles = [
-            remote.remote(i, self.env_factory, self.policy, self.rollout_spec, env_seed, agent_seed, self.initial_policy)
-            for i, (env_seed, agent_seed) in enumerate(zip(self.actor_env_seeds, self.actor_agent_seeds))
-        ]
-        self.placements = ray.get([h.placement.remote() for h in self.handles])
-        for i, where in enumerate(self.placements):
-            log.info(f"ray actor {i} on node {where['ip']} ({where['node_id'][:12]}), pid {where['pid']}")
+        self._remote = ray.remote(**self.actor_options)(RayActorBody)
+        # Put once: every (re)started actor gets the same objects without pickling them again.
+        self._actor_args = ray.put((self.env_factory, self.policy, self.rollout_spec, self.initial_policy))
+        self.handles = [self._new_actor(i) for i in range(self.n_actors)]
+        self.placements = [self._placement(ray, i, h) for i, h in enumerate(self.handles)]
         self._weights = [0, ray.put({k: v.detach().cpu() for k, v in self.policy.state_dict().items()})]
+        self.last_seen = [time.monotonic()] * self.n_actors
         for i in range(self.n_actors):
-            for _ in range(self.max_in_flight):
-                self._request(i)
+            self._request_all(i)
+
+    def _new_actor(self, index: int):
+        env_seed, agent_seed = self.restart_seeds(index)
+        return self._remote.remote(index, env_seed, agent_seed, self._actor_args)
 
     def stop(self) -> None:
         """Kill this run's Ray actors; shut Ray down if this object started or joined it."""
@@ -143,10 +145,7 @@ class RayDistributedActors(DistributedActors):
             return
         ray = import_ray()
         for handle in self.handles:
-            try:
-                ray.kill(handle, no_restart=True)
-            except Exception:  # already gone
-                pass
+            _kill(ray, handle)
         self.handles, self.pending = [], {}
         if self._connected:
             ray.shutdown()
@@ -154,11 +153,28 @@ class RayDistributedActors(DistributedActors):
 
     def nodes(self) -> set[str]:
         """Ids of the nodes the actors were placed on."""
-        return {p["node_id"] for p in self.placements}
+        return {p["node_id"] for p in self.placements if p}
+
+    @staticmethod
+    def _placement(ray, index: int, handle) -> dict[str, Any]:
+        """Where actor `index` runs, logged; empty if it failed to start (the first rollout
+        request then meets the failure and recovers from it)."""
+        from ray.exceptions import RayError
+
+        try:
+            where = ray.get(handle.placement.remote())
+        except RayError:
+            return {}
+        log.info(f"ray actor {index} on node {where['ip']} ({where['node_id'][:12]}), pid {where['pid']}")
+        return where
 
     # -- data flow -----------------------------------------------------------------------------
     def _request(self, index: int) -> None:
         self.pending[self.handles[index].collect.remote(self._weights)] = index
+
+    def _request_all(self, index: int) -> None:
+        for _ in range(self.max_in_flight - sum(1 for i in self.pending.values() if i == index)):
+            self._request(index)
 
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
         ray = import_ray()
@@ -171,26 +187,21 @@ class RayDistributedActors(DistributedActors):
 
     def collect_outputs(self, learner_device: str) -> tuple[Rollout, float, float, float]:
         ray = import_ray()
-        from ray.exceptions import RayActorError, RayTaskError
-
+        self._check_silent()  # the others may keep serving while one actor hangs
         queue_before = self._ready_count()
         start = time.perf_counter()
         rollouts: list[Rollout] = []
         while len(rollouts) < self.batch_size:
             ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=_POLL_S)
             if not ready:
+                self._check_silent()
                 continue
             index = self.pending.pop(ready[0])
-            try:
-                record, info, restarted = ray.get(ready[0])
-            except RayTaskError as err:
-                raise ActorFailure(index, self.actor_env_seeds[index], self.actor_agent_seeds[index], str(err)) from None
-            except RayActorError as err:
-                self._lost_rollout(index, err)
+            received = self._receive(ray, ready[0], index)
+            if received is None:
                 continue
-            self.failures_in_a_row[index] = 0
-            if restarted:
-                self._count_restart(index)
+            record, info = received
+            self.last_seen[index] = time.monotonic()
             self._record_rollout(info)
             rollouts.append(record)
             self._request(index)
@@ -198,23 +209,60 @@ class RayDistributedActors(DistributedActors):
         batch = Rollout.cat(rollouts).to(learner_device)
         return batch, float(queue_before), float(self._ready_count()), dequeue_time
 
+    def _receive(self, ray, ref, index: int) -> tuple[Rollout, RolloutInfo] | None:
+        """The rollout behind `ref`, or None after recovering from its actor's failure."""
+        from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+
+        try:
+            return ray.get(ref)
+        except RayTaskError as err:  # raised inside the actor: its traceback is in the message
+            self._recover(self._failure(index, str(err)))
+        except ActorUnavailableError:  # unreachable for a moment, not dead: ask again
+            time.sleep(_POLL_S / 10)
+            self._request(index)
+        except RayActorError as err:  # the process or its node is gone (or its __init__ raised)
+            self._recover(self._failure(index, f"ray actor died: {_died_reason(err)}"))
+        return None
+
+    # -- failures ------------------------------------------------------------------------------
     def _failure(self, index: int, details: str) -> ActorFailure:
         return ActorFailure(index, self.actor_env_seeds[index], self.actor_agent_seeds[index], details)
 
-    def _lost_rollout(self, index: int, err: Exception) -> None:
-        """An actor died with rollouts in flight: drop them and ask again (Ray restarts the actor,
-        within `max_restarts`). An actor that keeps failing without a rollout is dead for good."""
-        self.failures_in_a_row[index] = self.failures_in_a_row.get(index, 0) + 1
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if self.failures_in_a_row[index] > self.max_in_flight + 2:
-            raise self._failure(index, f"ray actor died and was not restarted ({reason}); runner.max_restarts={self.max_restarts}")
-        log.warning(f"ray actor {index} lost a rollout ({reason}); asking again")
-        time.sleep(0.05)
-        self._request(index)
+    def _check_silent(self) -> None:
+        """Recover actors that returned nothing for `rollout_timeout_s`."""
+        if self.rollout_timeout_s is None:
+            return
+        now = time.monotonic()
+        for i, seen in enumerate(self.last_seen):
+            if now - seen > self.rollout_timeout_s:
+                self._recover(self._failure(i, f"silent: no rollout for {now - seen:.0f} s (runner.rollout_timeout_s={self.rollout_timeout_s})"))
 
-    def _count_restart(self, index: int) -> None:
-        self.restarts += 1
-        self.epoch_stats.add("actor_restarts", 1)
-        if self.restarts > self.max_restarts:
-            raise self._failure(index, f"ray actor restarted {self.restarts} times, more than runner.max_restarts={self.max_restarts}")
-        log.warning(f"ray actor {index} was restarted: restart {self.restarts} of {self.max_restarts}")
+    def _restart_actor(self, index: int) -> None:
+        """Kill actor `index` (it may be hung, not dead), forget its rollouts in flight, start a fresh one."""
+        ray = import_ray()
+        _kill(ray, self.handles[index])
+        self.pending = {ref: i for ref, i in self.pending.items() if i != index}
+        self.handles[index] = self._new_actor(index)
+        self.last_seen[index] = time.monotonic()
+        self._request_all(index)
+
+
+def _kill(ray, handle) -> None:
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:  # already gone
+        pass
+
+
+def _died_reason(err: Exception) -> str:
+    """Ray's account of an actor's death, short: the traceback when its `__init__` raised, else
+    which process died and Ray's exit detail (without Ray's general advice around it)."""
+    import re
+
+    text = str(err).strip()
+    if "creation task" in text or not text:
+        return text or type(err).__name__
+    pid, ip = re.search(r"\bpid: (\d+)", text), re.search(r"\bip: (\S+)", text)
+    detail = re.search(r"Worker exit detail: (.*?)(?: Some common causes|$)", text, re.S)
+    where = f"process {pid.group(1)} on {ip.group(1)}" if pid and ip else "its process"
+    return f"{where} is gone" + (f" ({detail.group(1).strip()})" if detail else f": {text.splitlines()[0]}")

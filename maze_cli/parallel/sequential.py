@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 import traceback
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 
@@ -16,7 +20,15 @@ class SequentialDistributedActors(DistributedActors):
     """Runs the same actor loop as the other backends, in process, round robin over the actors.
 
     Deterministic: the same seeds give the same rollouts and the same learning run.
+
+    :param rollout_timeout_s: a rollout that takes longer is abandoned and its actor treated as
+        failed (an alarm signal interrupts it; only in the main thread, so never inside a library's
+        worker thread).
     """
+
+    def __init__(self, *args, rollout_timeout_s: float | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rollout_timeout_s = rollout_timeout_s
 
     def _make_actor(self, index: int) -> Actor:
         env_seed, agent_seed = self.restart_seeds(index)
@@ -52,10 +64,38 @@ class SequentialDistributedActors(DistributedActors):
                 actor = self.actors[self._next_actor]
                 self._next_actor = (self._next_actor + 1) % self.n_actors
                 try:
-                    info = actor.collect(record)
+                    with _deadline(self.rollout_timeout_s):
+                        info = actor.collect(record)
                     break
+                except RolloutTimeout:
+                    self._recover(ActorFailure(actor.index, actor.env_seed, actor.agent_seed,
+                                               f"silent: no rollout for {self.rollout_timeout_s:.0f} s "
+                                               f"(runner.rollout_timeout_s={self.rollout_timeout_s})"))
                 except Exception:
                     self._recover(ActorFailure(actor.index, actor.env_seed, actor.agent_seed, traceback.format_exc()))
             self._record_rollout(info)
         batch = Rollout.cat(self._records).to(learner_device)
         return batch, 0.0, 0.0, time.perf_counter() - start
+
+
+class RolloutTimeout(Exception):
+    """A rollout in the learner's process ran past `rollout_timeout_s`."""
+
+
+@contextmanager
+def _deadline(seconds: float | None) -> Iterator[None]:
+    """Raise RolloutTimeout in the body once `seconds` pass (a no-op off the main thread)."""
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise RolloutTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -69,8 +69,12 @@ def actor_process(
     env_seed: int,
     agent_seed: int,
     initial_policy: nn.Module | None,
+    generation: int = 0,
 ) -> None:
-    """The body of one actor subprocess: pull weights if newer, take a free slot, fill it, hand it over."""
+    """The body of one actor subprocess: pull weights if newer, take a free slot, fill it, hand it over.
+
+    `generation` counts the actor's restarts; its error report carries it, so that a report from a
+    process the learner already replaced is not counted twice."""
     torch.set_num_threads(1)
     actor = None
     slot = None  # the slot this actor holds, handed back with an error report
@@ -92,7 +96,7 @@ def actor_process(
     except KeyboardInterrupt:
         pass
     except Exception:
-        _put(filled_slots, ("error", index, slot, traceback.format_exc()), stop_event)
+        _put(filled_slots, ("error", index, generation, slot, traceback.format_exc()), stop_event)
     finally:
         if actor is not None:
             actor.close()
@@ -166,7 +170,7 @@ class SubprocDistributedActors(DistributedActors):
             name=f"maze-actor-{index}",
             args=(
                 index, self.env_factory, self._policy_copy, self.rollout_spec, self.slots, self.free_slots, self.filled_slots,
-                self.weights, self.stop_event, env_seed, agent_seed, self.initial_policy,
+                self.weights, self.stop_event, env_seed, agent_seed, self.initial_policy, self.actor_restarts[index],
             ),
             daemon=True,
         )
@@ -221,6 +225,10 @@ class SubprocDistributedActors(DistributedActors):
         for i, process in enumerate(self.processes):
             if process.sentinel in dead:
                 process.join(timeout=0)
+                if process.exitcode == 0:
+                    # An actor exits cleanly only after putting its error report in the queue
+                    # (a process flushes its queue before exiting): recover when that arrives.
+                    continue
                 self._recover(self._failure(i, f"process {process.pid} exited with code {process.exitcode}"))
 
     def _check_silent(self) -> None:
@@ -250,9 +258,11 @@ class SubprocDistributedActors(DistributedActors):
         while len(taken) < self.batch_size:
             kind, *payload = self._next_message()
             if kind == "error":
-                index, slot, details = payload
+                index, generation, slot, details = payload
                 if slot is not None:
                     self.free_slots.put(slot)
+                if generation != self.actor_restarts[index]:
+                    continue  # from a process already replaced (e.g. killed as silent after it reported)
                 self.processes[index].join(timeout=_JOIN_TIMEOUT_S)  # it exits after reporting
                 self._recover(self._failure(index, details))
                 continue
