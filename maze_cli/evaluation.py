@@ -38,7 +38,7 @@ def run_episodes(
         running = np.ones(len(envs), dtype=bool)
         while running.any():
             with torch.no_grad():
-                actions, _, _ = policy.act({k: v.to(device) for k, v in obs.items()}, deterministic=deterministic)
+                actions, _ = policy.act({k: v.to(device) for k, v in obs.items()}, deterministic=deterministic)
             actions = actions.cpu().numpy()
             for i in np.flatnonzero(running):
                 o, r, terminated, truncated, _ = envs[i].step(action_to_env(envs[i].action_space, actions[i]))

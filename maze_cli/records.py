@@ -9,6 +9,10 @@ bootstrap from), everything per step `[T, B, ...]`, the policy version `[B]`.
 is already the first observation of the next episode, so for a truncated episode (a time limit:
 the state was not terminal) the actor keeps its real last observation in `final_observations[t]`
 (zeros elsewhere), and learners bootstrap from it.
+
+`autoreset[t]` marks a step that was no transition: a vectorized env in gymnasium's "next step"
+autoreset mode spent it resetting an env that ended at t-1 (action ignored, reward 0,
+`observations[t+1]` the new episode's first). Learners leave such steps out.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class RolloutSpec:
             rewards=empty((t, b), TensorSpec((), torch.float32)),
             terminated=empty((t, b), TensorSpec((), torch.bool)),
             truncated=empty((t, b), TensorSpec((), torch.bool)),
+            autoreset=empty((t, b), TensorSpec((), torch.bool)),
             final_observations={k: empty((t, b), s) for k, s in self.observations.items()},
             policy_version=empty((b,), TensorSpec((), torch.int64)),
         )
@@ -71,6 +76,7 @@ class Rollout:
     rewards: torch.Tensor
     terminated: torch.Tensor
     truncated: torch.Tensor
+    autoreset: torch.Tensor
     final_observations: dict[str, torch.Tensor]
     policy_version: torch.Tensor
 
@@ -158,8 +164,11 @@ class Transitions:
 
     @staticmethod
     def from_rollout(rollout: Rollout) -> "Transitions":
-        """Split a time-major rollout `[T, B]` into `T*B` transitions."""
+        """Split a time-major rollout `[T, B]` into `T*B` transitions (it must hold no autoreset steps:
+        replay workers step their envs one by one)."""
         T, B = rollout.n_steps, rollout.n_envs
+        if rollout.autoreset.any():
+            raise ValueError("a rollout with autoreset steps cannot be split into transitions; build its envs with vectorize=False")
         truncated = rollout.truncated
 
         def flat(t: torch.Tensor) -> torch.Tensor:

@@ -206,7 +206,7 @@ class Trainer:
         stats["time/epoch_s"] = epoch_s
         if "time/wait_actors_s" in stats:
             stats["time/wait_actors_frac"] = stats["time/wait_actors_s"] / max(epoch_s, 1e-9)
-        for event in ("actor_env_step_s", "actor_inference_s", "actor_wait_s"):
+        for event in ("actor_env_step_s", "actor_inference_s", "actor_record_s", "actor_wait_s"):
             if actor.values(event):
                 stats[f"time/{event}"] = actor.get(event, "sum")
         actor.clear()

@@ -4,13 +4,14 @@ import time
 from functools import partial
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
 from maze_cli.envs import EnvFactory
 from maze_cli.parallel import ActorFailure, SequentialDistributedActors, SubprocDistributedActors
 from maze_cli.policies import ActorCritic
-from maze_cli.seeding import derive_seeds
+from maze_cli.seeding import derive_seed, derive_seeds
 from tests.envs import CountingEnv, StepRaisingEnv
 from tests.helpers import pid_alive, wait_until
 
@@ -104,14 +105,18 @@ def test_a_subproc_actor_reproduces_the_sequential_actor_exactly():
             assert torch.equal(a.behaviour_logp, b.behaviour_logp)
 
 
-def test_explicit_actor_env_seeds_are_used():
-    env_fn = EnvFactory({"id": "CartPole-v1"})
+@pytest.mark.parametrize("vectorize", [False, True])
+def test_explicit_actor_env_seeds_are_used(vectorize):
+    env_fn = EnvFactory({"id": "CartPole-v1", "vectorize": vectorize})
     with make_actors(SequentialDistributedActors, env_fn, n_actors=2, batch_size=2, actor_env_seeds=[5, 6]) as actors:
         batch, *_ = actors.collect_outputs("cpu")
     for actor, seed in enumerate([5, 6]):
-        for j, env_seed in enumerate(derive_seeds(seed, "env", 3)):
-            first_obs, _ = gym.make("CartPole-v1").reset(seed=env_seed)
-            assert torch.equal(batch.observations["obs"][0, actor * 3 + j], torch.from_numpy(first_obs))
+        if vectorize:  # one seed for the actor's whole vectorized batch
+            vector_env = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="vector_entry_point")
+            first_obs = vector_env.reset(seed=derive_seed(seed, "vector_env"))[0]
+        else:  # one seed per env
+            first_obs = np.stack([gym.make("CartPole-v1").reset(seed=s)[0] for s in derive_seeds(seed, "env", 3)])
+        assert torch.equal(batch.observations["obs"][0, actor * 3:actor * 3 + 3], torch.from_numpy(first_obs))
 
 
 @pytest.mark.parametrize("obs_kind,action_kind,width", [("dict", "multidiscrete", (2,)), ("box", "box", (2,)), ("dict", "discrete", ())])

@@ -94,7 +94,7 @@ def test_the_critic_fits_a_fixed_target(action_space):
     losses = [learner.update(batch)[0]["critic_loss"] for _ in range(300)]
     # gamma = 0: the target is the reward itself, which the critics can fit.
     assert losses[-1] < 0.2 * losses[0]
-    actions, logp, _ = policy.act({"obs": batch.transitions.observations["obs"]})
+    actions, logp = policy.act({"obs": batch.transitions.observations["obs"]})
     if isinstance(action_space, gym.spaces.Box):
         assert (actions.abs() <= 2.0).all()
     assert torch.isfinite(logp).all()

@@ -91,11 +91,13 @@ class ImpalaLearner:
         self.device = device
         self.optimizer = Adam(self.policy.parameters(), lr=hp.lr, eps=hp.adam_eps)
         self.updates = 0
+        self.timings: dict[str, float] = {}  # seconds of the last update's forward and backward passes
 
     def update(self, batch: Rollout) -> dict[str, float]:
         """One gradient step on a time-major batch; returns the learner's stats for this step."""
         hp = self.hp
         T, B = batch.n_steps, batch.n_envs
+        t0 = time.perf_counter()
         # One forward pass over all T+1 observations gives V(x_0..x_T): the last row bootstraps.
         flat_obs = {k: v.reshape((T + 1) * B, *v.shape[2:]) for k, v in batch.observations.items()}
         params, values_all = self.policy(flat_obs)
@@ -104,7 +106,11 @@ class ImpalaLearner:
         values, bootstrap_value = values_all[:T], values_all[T]
         dist = self.policy.distribution
         target_logp = dist.log_prob(params, batch.actions)
-        entropy = dist.entropy(params).mean()
+        # Autoreset steps are no transitions: averages run over the real steps only. Their value
+        # targets never reach real steps, since the step before each ended an episode (discount 0).
+        real = (~batch.autoreset).float()
+        n_real = real.sum().clamp(min=1.0)
+        entropy = (dist.entropy(params) * real).sum() / n_real
 
         discounts = hp.gamma * (~batch.dones).float()
         rewards = self._bootstrap_truncated(batch)
@@ -112,15 +118,17 @@ class ImpalaLearner:
             batch.behaviour_logp, target_logp.detach(), rewards, values.detach(), bootstrap_value.detach(),
             discounts, hp.rho_bar, hp.c_bar,
         )
-        policy_loss = -(targets.pg_advantages * target_logp).mean()
-        value_loss = 0.5 * (targets.vs - values).pow(2).mean()
+        policy_loss = -(targets.pg_advantages * target_logp * real).sum() / n_real
+        value_loss = 0.5 * ((targets.vs - values).pow(2) * real).sum() / n_real
         loss = policy_loss + hp.value_coef * value_loss - hp.entropy_coef * entropy
 
+        t1 = time.perf_counter()
         self.optimizer.zero_grad()
         loss.backward()
         grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), hp.max_grad_norm)
         self.optimizer.step()
         self.updates += 1
+        self.timings = {"forward": t1 - t0, "backward": time.perf_counter() - t1}
         return {
             "loss": loss.item(),
             "policy_loss": policy_loss.item(),
@@ -178,5 +186,7 @@ class ImpalaLoop:
         stats.add("time/wait_actors_s", t1 - t0)
         stats.add("time/dequeue_s", dequeue_s)
         stats.add("time/learner_s", t2 - t1)
+        stats.add("time/learner_forward_s", self.learner.timings["forward"])
+        stats.add("time/learner_backward_s", self.learner.timings["backward"])
         stats.add("time/broadcast_s", t3 - t2)
         return batch.rewards.numel()

@@ -67,7 +67,7 @@ class SacPolicy(nn.Module):
 
     @torch.no_grad()
     def act(self, observations: dict[str, torch.Tensor], deterministic: bool = False):
-        """What an actor calls: (actions, log-probs, zero values)."""
+        """What an actor calls: (actions, log-probs)."""
         if self.discrete:
             _, log_probs = self.sample(observations)
             if deterministic:
@@ -77,7 +77,7 @@ class SacPolicy(nn.Module):
             logp = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
         else:
             actions, logp = self.sample(observations, deterministic)
-        return actions, logp, torch.zeros(actions.shape[0])
+        return actions, logp
 
 
 class TwinCritic(nn.Module):

@@ -12,7 +12,7 @@ from maze_cli.envs.spaces import UnsupportedSpaceError, action_spec, observation
 __all__ = ["EnvFactory", "EnvConfigError", "UnsupportedSpaceError"]
 
 # Keys of an env config that configure maze_cli rather than the env itself.
-ID_KEYS = ("id", "kwargs", "max_episode_steps")
+ID_KEYS = ("id", "kwargs", "max_episode_steps", "vectorize")
 
 
 class EnvConfigError(ValueError):
@@ -23,8 +23,10 @@ class EnvConfigError(ValueError):
 class EnvFactory:
     """A picklable factory: `EnvFactory(config)()` returns a fresh gymnasium.Env.
 
-    `config` is a plain mapping: either `{id, kwargs, max_episode_steps}` for `gymnasium.make`,
-    or `{_target_: "pkg.module.Callable", **arguments}` for a user's own env.
+    `config` is a plain mapping: either `{id, kwargs, max_episode_steps, vectorize}` for
+    `gymnasium.make`, or `{_target_: "pkg.module.Callable", **arguments}` for a user's own env.
+    `vectorize` (default true): actors step their envs with the env's own vectorized implementation
+    where gymnasium registers one (`vector_entry_point`).
     """
 
     config: Mapping[str, Any]
@@ -56,6 +58,22 @@ class EnvFactory:
         if not isinstance(env, gym.Env):
             raise EnvConfigError(f"env: {self.config.get('_target_')} returned {type(env).__name__}, not a gymnasium.Env")
         return env
+
+    def vector_env(self, n_envs: int) -> gym.vector.VectorEnv | None:
+        """`n_envs` copies as the env's own vectorized implementation, or None where there is none
+        (or `vectorize` is off)."""
+        if self.config.get("id") is None or not self.config.get("vectorize", True):
+            return None
+        if gym.spec(self.config["id"]).vector_entry_point is None:
+            return None
+        kwargs = dict(self.config.get("kwargs") or {})
+        if self.config.get("max_episode_steps") is not None:
+            kwargs["max_episode_steps"] = self.config["max_episode_steps"]
+        return gym.make_vec(self.config["id"], num_envs=n_envs, vectorization_mode="vector_entry_point", **kwargs)
+
+    def without_vectorization(self) -> "EnvFactory":
+        """The same env, always built one by one."""
+        return EnvFactory({**self.config, "vectorize": False}) if self.config.get("id") is not None else self
 
     def describe(self) -> str:
         return str(self.config.get("id") or self.config.get("_target_"))

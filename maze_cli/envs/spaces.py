@@ -109,11 +109,19 @@ class ObservationWriter:
         return obs
 
     def write(self, observations: list[Any], out: dict[str, torch.Tensor]) -> None:
+        """Write one observation per env."""
         for key in self.keys:
-            values = np.asarray([self._lookup(o, key) for o in observations])
-            if key in self.offsets:
-                values = values - self.offsets[key]
-            out[key].copy_(torch.from_numpy(values).reshape(out[key].shape))
+            self._copy(key, np.asarray([self._lookup(o, key) for o in observations]), out)
+
+    def write_batch(self, observations: Any, out: dict[str, torch.Tensor]) -> None:
+        """Write an already batched observation (arrays with a leading env dim, as a vectorized env returns)."""
+        for key in self.keys:
+            self._copy(key, np.asarray(self._lookup(observations, key)), out)
+
+    def _copy(self, key: str, values: np.ndarray, out: dict[str, torch.Tensor]) -> None:
+        if key in self.offsets:
+            values = values - self.offsets[key]
+        out[key].copy_(torch.from_numpy(values).reshape(out[key].shape))
 
     def write_one(self, observation: Any, index: int, out: dict[str, torch.Tensor]) -> None:
         """Overwrite column `index` (used when one env resets)."""

@@ -16,17 +16,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from maze_cli.envs.spaces import ObservationWriter, action_to_env, observation_specs
+from maze_cli.envs.batch import BatchStep, make_env_batch
+from maze_cli.envs.spaces import observation_specs
 from maze_cli.records import Rollout, RolloutInfo
-from maze_cli.seeding import derive_seeds
 
 
 class Actor:
     """Collects rollouts of `n_steps` steps from `n_envs` envs with a local copy of the policy.
 
-    Seeds: env j of this actor is reset once with a seed derived from `env_seed`; the actor's
-    sampling uses a torch RNG state seeded by `agent_seed` and swapped in only while it collects,
-    so several actors in one process (and the learner beside them) never disturb each other.
+    Its envs are one batch (`maze_cli.envs.batch`): the env's vectorized implementation where it
+    has one, else single envs in a loop. Seeds: the batch is reset once with seeds derived from
+    `env_seed`; the actor's sampling uses a torch RNG state seeded by `agent_seed` and swapped in
+    only while it collects, so several actors in one process (and the learner beside them) never
+    disturb each other.
     With an `initial_policy` (e.g. uniform random, to fill a replay buffer) the actor acts with it
     until the first broadcast arrives (policy version 0).
     """
@@ -47,26 +49,17 @@ class Actor:
         self.n_steps = n_steps
         self.env_seed = env_seed
         self.agent_seed = agent_seed
-        self.envs = [env_factory() for _ in range(n_envs)]
-        self.action_space = self.envs[0].action_space
-        self.writer = ObservationWriter(self.envs[0].observation_space)
+        self.envs = make_env_batch(env_factory, n_envs)
         self.policy = copy.deepcopy(policy).requires_grad_(False)
         self.initial_policy = initial_policy
         self.policy_version = 0
-        generator_seed = torch.Generator().manual_seed(agent_seed)
-        self._rng_state = generator_seed.get_state()
-
+        self._rng_state = torch.Generator().manual_seed(agent_seed).get_state()
         self.current_obs = {
-            k: torch.zeros((n_envs,) + s.shape, dtype=s.dtype)
-            for k, s in observation_specs(self.envs[0].observation_space).items()
+            k: torch.zeros((n_envs,) + s.shape, dtype=s.dtype) for k, s in observation_specs(self.envs.observation_space).items()
         }
-        seeds = derive_seeds(env_seed, "env", n_envs)
-        self.writer.write([env.reset(seed=s)[0] for env, s in zip(self.envs, seeds)], self.current_obs)
+        self.envs.write(self.envs.reset(env_seed), self.current_obs)
         self.episode_return = np.zeros(n_envs, dtype=np.float64)
         self.episode_length = np.zeros(n_envs, dtype=np.int64)
-        self._rewards = np.zeros(n_envs, dtype=np.float32)
-        self._terminated = np.zeros(n_envs, dtype=bool)
-        self._truncated = np.zeros(n_envs, dtype=bool)
 
     def load_policy(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Adopt a new policy version (copying the weights into the local module)."""
@@ -87,7 +80,7 @@ class Actor:
 
     def _collect(self, out: Rollout) -> RolloutInfo:
         info = RolloutInfo(actor_index=self.index, policy_version=self.policy_version, env_steps=self.n_steps * self.n_envs)
-        t_env = t_inference = 0.0
+        t_env = t_inference = t_record = 0.0
         for key, value in self.current_obs.items():
             out.observations[key][0].copy_(value)
         out.policy_version.fill_(self.policy_version)
@@ -97,49 +90,39 @@ class Actor:
         for t in range(self.n_steps):
             t0 = time.perf_counter()
             obs_t = {key: value[t] for key, value in out.observations.items()}
-            actions, logp, _ = policy.act(obs_t)
+            actions, logp = policy.act(obs_t)
             out.actions[t].copy_(actions)
             out.behaviour_logp[t].copy_(logp)
             t1 = time.perf_counter()
-            next_obs, truncated_final = self._step_envs(actions.numpy(), info)
-            self.writer.write(next_obs, {key: value[t + 1] for key, value in out.observations.items()})
-            out.rewards[t].copy_(torch.from_numpy(self._rewards))
-            out.terminated[t].copy_(torch.from_numpy(self._terminated))
-            out.truncated[t].copy_(torch.from_numpy(self._truncated))
-            for i, final_obs in truncated_final.items():
-                self.writer.write_one(final_obs, i, {key: value[t] for key, value in out.final_observations.items()})
+            step = self.envs.step(actions.numpy())
             t2 = time.perf_counter()
+            self.envs.write(step.observations, {key: value[t + 1] for key, value in out.observations.items()})
+            out.rewards[t].copy_(torch.from_numpy(step.rewards))
+            out.terminated[t].copy_(torch.from_numpy(step.terminated))
+            out.truncated[t].copy_(torch.from_numpy(step.truncated))
+            out.autoreset[t].copy_(torch.from_numpy(step.autoreset))
+            for i, final_obs in step.final_observations.items():
+                self.envs.writer.write_one(final_obs, i, {key: value[t] for key, value in out.final_observations.items()})
+            self._count_episodes(step, info)
+            t_inference += t1 - t0
             t_env += t2 - t1
-            t_inference += t1 - t0 + time.perf_counter() - t2
+            t_record += time.perf_counter() - t2
         for key, value in self.current_obs.items():
             value.copy_(out.observations[key][self.n_steps])
-        info.timings = {"actor_env_step_s": t_env, "actor_inference_s": t_inference}
+        info.timings = {"actor_env_step_s": t_env, "actor_inference_s": t_inference, "actor_record_s": t_record}
         return info
 
-    def _step_envs(self, actions: np.ndarray, info: RolloutInfo) -> tuple[list, dict[int, object]]:
-        """Step every env once; reset finished ones. Returns next observations and, for
-        truncated episodes, their final observations (to bootstrap from)."""
-        next_obs = []
-        truncated_final: dict[int, object] = {}
-        for i, env in enumerate(self.envs):
-            obs, reward, terminated, truncated, _ = env.step(action_to_env(self.action_space, actions[i]))
-            self._rewards[i] = reward
-            self.episode_return[i] += reward
-            self.episode_length[i] += 1
-            truncated = truncated and not terminated
-            self._terminated[i] = terminated
-            self._truncated[i] = truncated
-            if terminated or truncated:
-                info.episode_returns.append(float(self.episode_return[i]))
-                info.episode_lengths.append(int(self.episode_length[i]))
-                self.episode_return[i] = 0.0
-                self.episode_length[i] = 0
-                if truncated:
-                    truncated_final[i] = obs
-                obs, _ = env.reset()
-            next_obs.append(obs)
-        return next_obs, truncated_final
+    def _count_episodes(self, step: BatchStep, info: RolloutInfo) -> None:
+        """Add the step to the running episodes; report and restart those that ended."""
+        real = ~step.autoreset
+        self.episode_return += step.rewards * real
+        self.episode_length += real
+        ended = step.terminated | step.truncated
+        if ended.any():
+            info.episode_returns.extend(self.episode_return[ended].tolist())
+            info.episode_lengths.extend(self.episode_length[ended].tolist())
+            self.episode_return[ended] = 0.0
+            self.episode_length[ended] = 0
 
     def close(self) -> None:
-        for env in self.envs:
-            env.close()
+        self.envs.close()

@@ -97,6 +97,10 @@ class BaseDistributedWorkersWithBuffer(abc.ABC):
         self.initial_buffer_size = initial_buffer_size
         self.split = split_rollouts_into_transitions
         initial = initial_sampling_policy or RandomPolicy(worker_policy.observation_space, worker_policy.action_space)
+        # Envs one by one: no autoreset steps, so every step is a transition for the buffer (the
+        # replay ratio makes the learner, not env stepping, the bottleneck of off-policy training).
+        if hasattr(env_factory, "without_vectorization"):
+            env_factory = env_factory.without_vectorization()
         self.workers = self._make_workers(
             env_factory=env_factory, policy=worker_policy, n_rollout_steps=n_rollout_steps, n_actors=n_workers,
             batch_size=rollouts_per_iteration, envs_per_actor=envs_per_worker, actor_env_seeds=env_instance_seeds,
@@ -174,7 +178,7 @@ class BaseDistributedWorkersWithBuffer(abc.ABC):
             rollout = Rollout(
                 observations={k: tm(v) for k, v in group("obs/").items()}, actions=tm(items["action"]),
                 behaviour_logp=torch.zeros_like(tm(items["reward"])), rewards=tm(items["reward"]), terminated=tm(items["terminated"]),
-                truncated=tm(items["truncated"]), final_observations={k: tm(v) for k, v in group("final_obs/").items()},
+                truncated=tm(items["truncated"]), autoreset=torch.zeros_like(tm(items["terminated"])), final_observations={k: tm(v) for k, v in group("final_obs/").items()},
                 policy_version=torch.zeros(len(indices), dtype=torch.int64),
             )
             transitions = Transitions.from_rollout(rollout)

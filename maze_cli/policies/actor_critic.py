@@ -90,23 +90,27 @@ class ActorCritic(nn.Module):
 
     def forward(self, observations: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Distribution params `[..., n_params]` and values `[...]`."""
+        x = self._features(observations)
+        return self._params(x), self.value_head(x).squeeze(-1)
+
+    def _features(self, observations: dict[str, torch.Tensor]) -> torch.Tensor:
         x = self.encoder(observations)
-        if self.shared_torso:
-            x = self.torso(x)
+        return self.torso(x) if self.shared_torso else x
+
+    def _params(self, x: torch.Tensor) -> torch.Tensor:
         params = self.policy_head(x)
         if self.gaussian:
             params = torch.cat([params, self.log_std.expand_as(params)], dim=-1)
-        return params, self.value_head(x).squeeze(-1)
+        return params
 
     @torch.no_grad()
-    def act(
-        self, observations: dict[str, torch.Tensor], deterministic: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Sample actions; returns (actions, their log-probs, values)."""
-        params, value = self(observations)
+    def act(self, observations: dict[str, torch.Tensor], deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample actions; returns (actions, their log-probs). The value head is skipped: acting
+        needs none, and it is half the forward pass."""
+        params = self._params(self._features(observations))
         dist = self.distribution
         actions = dist.mode(params) if deterministic else dist.sample(params)
-        return actions, dist.log_prob(params, actions), value
+        return actions, dist.log_prob(params, actions)
 
     @torch.no_grad()
     def value(self, observations: dict[str, torch.Tensor]) -> torch.Tensor:

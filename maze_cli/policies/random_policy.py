@@ -41,4 +41,4 @@ class RandomPolicy(nn.Module):
             uniform = self.low + torch.rand(n, len(self.low)) * self.width
             actions = torch.where(self.bounded, uniform, torch.randn(n, len(self.low)))
             logp = torch.full((n,), -float(torch.log(self.width[self.bounded]).sum()))
-        return actions, logp, torch.zeros(n)
+        return actions, logp

@@ -1,0 +1,137 @@
+"""A batch of envs an actor steps together: gymnasium's own vectorized env where the env has one,
+else a list of single envs stepped in a loop.
+
+Both give the actor the same thing per step: next observations (batched), rewards, terminated,
+truncated, the final observations of truncated episodes (to bootstrap from), and which columns
+were an *autoreset step*. A vectorized env in gymnasium's "next step" autoreset mode spends the
+step after an episode's end on resetting: the action is ignored, the reward is 0, and the returned
+observation is the new episode's first. Such a step is no transition; learners mask it out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from maze_cli.envs.spaces import ObservationWriter, action_to_env
+from maze_cli.seeding import derive_seed, derive_seeds
+
+
+@dataclass
+class BatchStep:
+    """What one step of a batch of `n` envs returns."""
+
+    observations: Any  # the next observation of each env (the first of a new episode after an end)
+    rewards: np.ndarray  # [n] float32
+    terminated: np.ndarray  # [n] bool
+    truncated: np.ndarray  # [n] bool, never together with terminated
+    final_observations: dict[int, Any]  # env -> last observation of its truncated episode
+    autoreset: np.ndarray  # [n] bool: this step only reset the env (no transition)
+
+
+class EnvList:
+    """`n` single envs stepped one after another; a finished env is reset within the same step."""
+
+    def __init__(self, env_factory: Callable[[], gym.Env], n_envs: int):
+        self.envs = [env_factory() for _ in range(n_envs)]
+        self.observation_space = self.envs[0].observation_space
+        self.action_space = self.envs[0].action_space
+        self.writer = ObservationWriter(self.observation_space)
+        self._no_autoreset = np.zeros(n_envs, dtype=bool)
+
+    def reset(self, seed: int) -> list[Any]:
+        return [env.reset(seed=s)[0] for env, s in zip(self.envs, derive_seeds(seed, "env", len(self.envs)))]
+
+    def step(self, actions: np.ndarray) -> BatchStep:
+        n = len(self.envs)
+        rewards = np.zeros(n, dtype=np.float32)
+        terminated = np.zeros(n, dtype=bool)
+        truncated = np.zeros(n, dtype=bool)
+        final: dict[int, Any] = {}
+        next_obs = []
+        for i, env in enumerate(self.envs):
+            obs, reward, term, trunc, _ = env.step(action_to_env(self.action_space, actions[i]))
+            rewards[i], terminated[i], truncated[i] = reward, term, trunc and not term
+            if term or trunc:
+                if truncated[i]:
+                    final[i] = obs
+                obs, _ = env.reset()
+            next_obs.append(obs)
+        return BatchStep(next_obs, rewards, terminated, truncated, final, self._no_autoreset)
+
+    def write(self, observations: list[Any], out: dict[str, torch.Tensor]) -> None:
+        self.writer.write(observations, out)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+class VectorEnvBatch:
+    """gymnasium's vectorized implementation of an env (its `vector_entry_point`): one call steps
+    all envs. Supports the "next step" and "same step" autoreset modes."""
+
+    def __init__(self, vector_env: gym.vector.VectorEnv):
+        from gymnasium.vector import AutoresetMode
+
+        self.env = vector_env
+        self.n_envs = vector_env.num_envs
+        self.observation_space = vector_env.single_observation_space
+        self.action_space = vector_env.single_action_space
+        self.writer = ObservationWriter(self.observation_space)
+        mode = vector_env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
+            raise ValueError(f"vectorized env with autoreset mode {mode} is not supported; set env.vectorize=false")
+        self.next_step_autoreset = mode == AutoresetMode.NEXT_STEP
+        self._ended = np.zeros(self.n_envs, dtype=bool)
+
+    def reset(self, seed: int) -> Any:
+        self._ended[:] = False
+        return self.env.reset(seed=derive_seed(seed, "vector_env"))[0]
+
+    def step(self, actions: np.ndarray) -> BatchStep:
+        obs, rewards, terminated, truncated, info = self.env.step(_vector_actions(self.action_space, actions, self.n_envs))
+        terminated = np.asarray(terminated, dtype=bool)
+        truncated = np.asarray(truncated, dtype=bool) & ~terminated
+        if self.next_step_autoreset:
+            autoreset = self._ended.copy()
+            # The observation returned with an episode's end is its final one; next step resets.
+            final = {int(i): _row(obs, i) for i in np.flatnonzero(truncated)}
+            self._ended = terminated | truncated
+        else:
+            autoreset = np.zeros(self.n_envs, dtype=bool)
+            final = {int(i): _row(info["final_obs"], i) for i in np.flatnonzero(truncated)}
+        return BatchStep(obs, np.asarray(rewards, dtype=np.float32), terminated, truncated, final, autoreset)
+
+    def write(self, observations: Any, out: dict[str, torch.Tensor]) -> None:
+        self.writer.write_batch(observations, out)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _row(batched: Any, i: int) -> Any:
+    """Env `i`'s observation out of a batched (possibly dict) observation."""
+    if isinstance(batched, dict):
+        return {k: _row(v, i) for k, v in batched.items()}
+    return batched[i]
+
+
+def _vector_actions(space: gym.Space, actions: np.ndarray, n: int) -> np.ndarray:
+    """The action tensor's rows as the batched action a vectorized env expects."""
+    if isinstance(space, gym.spaces.Discrete):
+        return actions.astype(space.dtype, copy=False) + space.start
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return actions.reshape(n, *space.nvec.shape).astype(space.dtype) + space.start
+    return np.clip(actions.reshape(n, *space.shape), space.low, space.high).astype(space.dtype)
+
+
+def make_env_batch(env_factory: Callable[[], gym.Env], n_envs: int) -> EnvList | VectorEnvBatch:
+    """The fastest batch this env allows: its vectorized implementation if the factory offers one."""
+    make_vector = getattr(env_factory, "vector_env", None)
+    vector_env = make_vector(n_envs) if make_vector is not None else None
+    return VectorEnvBatch(vector_env) if vector_env is not None else EnvList(env_factory, n_envs)

@@ -1,0 +1,88 @@
+"""Actors on gymnasium's vectorized envs: autoreset steps are marked, counted right, and never learned from."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from maze_cli.algorithms.impala import ImpalaHyperparameters, ImpalaLearner
+from maze_cli.envs import EnvFactory
+from maze_cli.envs.batch import EnvList, VectorEnvBatch, make_env_batch
+from maze_cli.parallel import SequentialDistributedActors
+from maze_cli.parallel.workers_with_buffer import SequentialDistributedWorkersWithBuffer
+from maze_cli.policies import ActorCritic
+from tests.envs import CountingEnv
+
+SHORT_CARTPOLE = {"id": "CartPole-v1", "max_episode_steps": 5}  # every random episode is truncated at 5 steps
+
+
+def collect(config: dict, n_steps: int = 24, envs: int = 4):
+    env_fn = EnvFactory(config)
+    env = env_fn()
+    policy = ActorCritic(env.observation_space, env.action_space, hidden_sizes=(8,))
+    with SequentialDistributedActors(env_fn, policy, n_steps, 1, 1, envs_per_actor=envs) as actors:
+        return actors.collect_outputs("cpu")[0], actors
+
+
+def test_an_env_with_a_vector_entry_point_is_stepped_vectorized_unless_told_not_to():
+    assert isinstance(make_env_batch(EnvFactory({"id": "CartPole-v1"}), 4), VectorEnvBatch)
+    assert isinstance(make_env_batch(EnvFactory({"id": "CartPole-v1", "vectorize": False}), 4), EnvList)
+    assert isinstance(make_env_batch(EnvFactory({"id": "Pendulum-v1"}), 4), EnvList)  # none registered
+    assert isinstance(make_env_batch(CountingEnv, 4), EnvList)  # any callable
+
+
+def test_the_step_after_each_episode_end_is_an_autoreset_step():
+    batch, actors = collect(SHORT_CARTPOLE)
+    # Per column: 5 real steps (the 5th truncated), then one autoreset step, repeating.
+    expected_autoreset = torch.tensor([t % 6 == 5 for t in range(24)]).unsqueeze(1).expand(24, 4)
+    assert torch.equal(batch.autoreset, expected_autoreset)
+    assert torch.equal(batch.truncated, torch.tensor([t % 6 == 4 for t in range(24)]).unsqueeze(1).expand(24, 4))
+    assert not batch.terminated.any()
+    assert (batch.rewards[batch.autoreset] == 0).all() and (batch.rewards[~batch.autoreset] == 1).all()
+    # The truncated episode's last observation is kept to bootstrap from; the autoreset step then
+    # leads to a fresh episode's first observation (CartPole starts within +-0.05).
+    t = 4
+    assert torch.equal(batch.final_observations["obs"][t], batch.observations["obs"][t + 1])
+    assert batch.observations["obs"][t + 2].abs().max() <= 0.05
+    # Episodes count real steps only: every one is 5 long with return 5.
+    assert actors.get_stats_value("episode_length", name="min") == actors.get_stats_value("episode_length", name="max") == 5
+    assert actors.get_stats_value("episode_return", name="mean") == 5
+
+
+def test_single_envs_have_no_autoreset_steps():
+    batch, _ = collect({**SHORT_CARTPOLE, "vectorize": False})
+    assert not batch.autoreset.any()
+    assert torch.equal(batch.truncated, torch.tensor([t % 5 == 4 for t in range(24)]).unsqueeze(1).expand(24, 4))
+
+
+def test_the_learner_ignores_what_happens_in_autoreset_steps():
+    batch, _ = collect(SHORT_CARTPOLE)
+    env = gym.make("CartPole-v1")
+
+    def loss_with(garbage: float) -> float:
+        torch.manual_seed(0)
+        policy = ActorCritic(env.observation_space, env.action_space, hidden_sizes=(8,))
+        learner = ImpalaLearner(policy, ImpalaHyperparameters(lr=0.0))
+        altered = batch.map(lambda t: t.clone())
+        altered.actions[batch.autoreset] = int(garbage) % 2
+        altered.rewards[batch.autoreset] = garbage
+        altered.behaviour_logp[batch.autoreset] = -garbage
+        return learner.update(altered)["loss"]
+
+    assert loss_with(7.0) == pytest.approx(loss_with(-300.0), abs=1e-6)
+
+
+def test_replay_workers_step_single_envs_so_every_step_is_a_transition():
+    env_fn = EnvFactory(SHORT_CARTPOLE)
+    env = env_fn()
+    policy = ActorCritic(env.observation_space, env.action_space, hidden_sizes=(8,))
+    workers = SequentialDistributedWorkersWithBuffer(
+        env_fn, policy, n_rollout_steps=8, n_workers=1, batch_size=4, rollouts_per_iteration=1, initial_sampling_policy=None,
+        replay_buffer_size=1000, initial_buffer_size=64, split_rollouts_into_transitions=True, env_instance_seeds=[1],
+        replay_buffer_seed=2, envs_per_worker=4,
+    )
+    with workers:
+        workers.init_replay_buffer()
+        sampled = workers.sample_batch("cpu")
+    assert len(workers.replay_buffer) >= 64
+    assert np.isin(sampled.transitions.rewards.numpy(), [1.0]).all()  # no zero-reward autoreset step got in
