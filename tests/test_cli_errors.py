@@ -42,6 +42,17 @@ def test_a_bad_value_names_its_key(tmp_path, override, needles):
     assert_one_line_error(run_train("+env=cartpole", override, run_dir=tmp_path / "run"), *needles)
 
 
+@pytest.mark.parametrize(
+    "override,needles",
+    [
+        ("runner.resources={big_mem:lots}", ["runner.resources.big_mem=lots", "a number"]),
+        ("runner.resources=3", ["runner.resources=3", "a mapping of names to numbers"]),
+    ],
+)
+def test_a_bad_ray_resource_names_its_key(tmp_path, override, needles):
+    assert_one_line_error(run_train("+env=cartpole", "runner=ray", override, run_dir=tmp_path / "run"), *needles)
+
+
 def test_an_unknown_env_id_is_named(tmp_path):
     result = run_train("+env=gym", "env.id=NoSuchEnv-v0", run_dir=tmp_path / "run")
     assert_one_line_error(result, "env.id=NoSuchEnv-v0")

@@ -128,6 +128,17 @@ def test_ray_without_restarts_the_run_fails_fast_with_the_error(cluster, tmp_pat
     assert wait_until(lambda: not ray_actor_processes(), timeout=15)
 
 
+def test_actors_the_cluster_cannot_place_end_the_run_saying_what_they_need(cluster, tmp_path):
+    start = time.monotonic()
+    result = run_train("+env=cartpole", "runner=ray", f"runner.address={cluster.address}", "runner.resources={gpu_node: 1}",
+                       "runner.rollout_timeout_s=3", run_dir=tmp_path / "run", timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert time.monotonic() - start < 45
+    assert "could not place actors 0, 1 of 2" in result.stderr and "gpu_node 1" in result.stderr
+    assert "CPU 4" in result.stderr  # what the cluster has
+    assert wait_until(lambda: not ray_actor_processes(), timeout=15)
+
+
 def test_impala_runs_end_to_end_on_the_cluster_and_survives_a_killed_actor(cluster, tmp_path):
     config_dir = tmp_path / "configs"
     (config_dir / "env").mkdir(parents=True)
@@ -153,9 +164,14 @@ def test_sac_runs_end_to_end_on_the_cluster(cluster, tmp_path):
     assert wait_until(lambda: not ray_actor_processes(), timeout=15)
 
 
-def test_a_ray_started_by_maze_cli_is_shut_down(tmp_path):
-    result = run_train("+env=cartpole", "runner=ray", "max_env_steps=5000", "epoch_length=2", run_dir=tmp_path / "run", timeout=180)
+def test_a_ray_started_by_maze_cli_fits_every_actor_and_is_shut_down(tmp_path):
+    # Two actors that each reserve all cores: twice what this machine has, so they share them.
+    cores = os.cpu_count() or 1
+    result = run_train("+env=cartpole", "runner=ray", f"runner.num_cpus_per_actor={cores}", "max_env_steps=5000",
+                       "epoch_length=2", run_dir=tmp_path / "run", timeout=180)
     assert result.returncode == 0, result.stderr
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "ray actor 0 on node" in log and "ray actor 1 on node" in log
     assert wait_until(lambda: processes_with_env_tag(result.tag) == [], timeout=15)
 
 

@@ -99,7 +99,7 @@ def _ray_kwargs(settings: Settings) -> dict[str, Any]:
     r = settings.runner
     return {
         "address": r.address, "num_cpus_per_actor": r.num_cpus_per_actor, "num_gpus_per_actor": r.num_gpus_per_actor,
-        "resources": dict(r.resources), "max_in_flight_per_actor": r.max_in_flight_per_actor,
+        "resources": dict(r.resources or {}), "max_in_flight_per_actor": r.max_in_flight_per_actor,
     }
 
 

@@ -33,7 +33,7 @@ def explain(err: BaseException, argv: list[str]) -> str | None:
     """A one-line message for a user error, or None for anything else (a real crash)."""
     if isinstance(err, ConfigError):
         return str(err)
-    if type(err).__name__ in ("ActorFailure", "TrainingDiverged"):  # by name: importing them would load torch
+    if type(err).__name__ in ("ActorFailure", "ActorsNotPlaced", "TrainingDiverged"):  # by name: importing them would load torch
         return str(err)
     if isinstance(err, MissingConfigException):
         group, _, name = str(err.missing_cfg_file or "").rpartition("/")

@@ -141,7 +141,7 @@ class RayRunnerConfig(SequentialRunnerConfig):
     address: Optional[str] = None
     num_cpus_per_actor: float = _f(1.0, ge=0)
     num_gpus_per_actor: float = _f(0.0, ge=0)
-    resources: Dict[str, float] = field(default_factory=dict)
+    resources: Optional[Dict[str, float]] = None
     max_in_flight_per_actor: int = _f(2, ge=1)
 
 
@@ -178,6 +178,8 @@ def _type_name(tp: Any) -> str:
         return f"{_type_name(inner)} or null"
     if origin in (list, List):
         return f"a list of {_type_name(args[0]).removeprefix('an ').removeprefix('a ')}s"
+    if origin in (dict, Dict):
+        return f"a mapping of names to {_type_name(args[1]).removeprefix('an ').removeprefix('a ')}s, e.g. {{name: 1}}"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
 
 
@@ -185,11 +187,20 @@ def _expected(schema: type, path: str) -> str:
     """What the schema wants at a dotted path, in words."""
     tp: Any = schema
     for part in path.split("."):
+        tp = _unwrap_optional(tp)
+        if typing.get_origin(tp) in (dict, Dict):  # a free key of a mapping: its value type
+            tp = typing.get_args(tp)[1]
+            continue
         hints = typing.get_type_hints(tp) if dataclasses.is_dataclass(tp) else {}
         if part not in hints:
             return "another value"
         tp = hints[part]
     return _type_name(tp)
+
+
+def _unwrap_optional(tp: Any) -> Any:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if typing.get_origin(tp) is typing.Union and len(args) == 1 else tp
 
 
 def _check_limits(prefix: str, name: str, value: Any, limits: dict[str, Any]) -> None:

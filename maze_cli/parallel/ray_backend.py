@@ -14,6 +14,8 @@ and restart count, within `max_restarts` per run; its rollouts in flight are dro
 from __future__ import annotations
 
 import logging
+import math
+import os
 import time
 from typing import Any, Callable
 
@@ -29,6 +31,11 @@ log = logging.getLogger("maze_cli")
 
 RAY_MISSING = "runner=ray needs Ray, an optional extra: pip install 'maze_cli[ray]' (or pip install ray)"
 _POLL_S = 1.0
+_PLACEMENT_LOG_S = 10.0  # while actors wait for resources, say so this often
+
+
+class ActorsNotPlaced(RuntimeError):
+    """The cluster lacks the resources for some actors; waiting longer would be a hang."""
 
 
 def import_ray():
@@ -123,17 +130,34 @@ class RayDistributedActors(DistributedActors):
         if not ray.is_initialized():
             # "local" always starts a fresh Ray here, never an accidental join of some running cluster.
             ray.init(address=self.address or "local", include_dashboard=False, logging_level=logging.WARNING,
-                     configure_logging=False)
+                     configure_logging=False, **self._local_resources())
             self._connected = True
-        self._remote = ray.remote(**self.actor_options)(RayActorBody)
-        # Put once: every (re)started actor gets the same objects without pickling them again.
-        self._actor_args = ray.put((self.env_factory, self.policy, self.rollout_spec, self.initial_policy))
-        self.handles = [self._new_actor(i) for i in range(self.n_actors)]
-        self.placements = [self._placement(ray, i, h) for i, h in enumerate(self.handles)]
+        try:
+            self._remote = ray.remote(**self.actor_options)(RayActorBody)
+            # Put once: every (re)started actor gets the same objects without pickling them again.
+            self._actor_args = ray.put((self.env_factory, self.policy, self.rollout_spec, self.initial_policy))
+            self.handles = [self._new_actor(i) for i in range(self.n_actors)]
+            self.placements = self._await_placement(ray)
+        except BaseException:
+            self.stop()  # the caller's `with` never reaches __exit__ when start fails
+            raise
         self._weights = [0, ray.put({k: v.detach().cpu() for k, v in self.policy.state_dict().items()})]
         self.last_seen = [time.monotonic()] * self.n_actors
         for i in range(self.n_actors):
             self._request_all(i)
+
+    def _local_resources(self) -> dict[str, Any]:
+        """For a Ray started here: enough CPUs for every actor. Ray counts CPUs to place actors,
+        it does not pin them; like runner=subproc, more actors than cores share the cores rather
+        than wait forever for a core that never frees."""
+        if self.address is not None:
+            return {}
+        cores = os.cpu_count() or 1
+        needed = math.ceil(self.n_actors * self.actor_options["num_cpus"])
+        if needed > cores:
+            log.info(f"local Ray with {needed} CPUs for {self.n_actors} actors x runner.num_cpus_per_actor="
+                     f"{self.actor_options['num_cpus']:g} on {cores} cores: actors share the cores")
+        return {"num_cpus": max(cores, needed)}
 
     def _new_actor(self, index: int):
         env_seed, agent_seed = self.restart_seeds(index)
@@ -155,18 +179,46 @@ class RayDistributedActors(DistributedActors):
         """Ids of the nodes the actors were placed on."""
         return {p["node_id"] for p in self.placements if p}
 
-    @staticmethod
-    def _placement(ray, index: int, handle) -> dict[str, Any]:
-        """Where actor `index` runs, logged; empty if it failed to start (the first rollout
-        request then meets the failure and recovers from it)."""
+    def _await_placement(self, ray) -> list[dict[str, Any]]:
+        """Where each actor runs, logged; an empty dict for one that failed to start (its first
+        rollout request meets the failure and recovers from it). Actors the cluster cannot place
+        within `rollout_timeout_s` end the run with what they need and what the cluster has."""
         from ray.exceptions import RayError
 
-        try:
-            where = ray.get(handle.placement.remote())
-        except RayError:
-            return {}
-        log.info(f"ray actor {index} on node {where['ip']} ({where['node_id'][:12]}), pid {where['pid']}")
-        return where
+        refs = [handle.placement.remote() for handle in self.handles]
+        waited, limit = 0.0, self.rollout_timeout_s
+        while True:
+            step = _PLACEMENT_LOG_S if limit is None else min(_PLACEMENT_LOG_S, max(limit - waited, 0.0))
+            ready, unplaced = ray.wait(refs, num_returns=len(refs), timeout=step)
+            waited += step
+            if not unplaced:
+                break
+            missing = sorted(refs.index(ref) for ref in unplaced)
+            if limit is not None and waited >= limit:
+                raise ActorsNotPlaced(self._not_placed_message(ray, missing, waited))
+            log.info(f"waiting for Ray to place actors {_indices(missing)} ({waited:.0f} s; {self._needs()} each)")
+        placements = []
+        for index, ref in enumerate(refs):
+            try:
+                where = ray.get(ref)
+            except RayError:
+                placements.append({})
+                continue
+            log.info(f"ray actor {index} on node {where['ip']} ({where['node_id'][:12]}), pid {where['pid']}")
+            placements.append(where)
+        return placements
+
+    def _needs(self) -> str:
+        o = self.actor_options
+        needs = {"CPU": o["num_cpus"], "GPU": o["num_gpus"], **o["resources"]}
+        return ", ".join(f"{k} {v:g}" for k, v in needs.items() if v)
+
+    def _not_placed_message(self, ray, missing: list[int], waited: float) -> str:
+        total = {k: v for k, v in ray.cluster_resources().items() if not k.startswith(("node:", "memory", "object_store"))}
+        have = ", ".join(f"{k} {v:g}" for k, v in sorted(total.items())) or "nothing"
+        return (f"Ray could not place actors {_indices(missing)} of {self.n_actors} within {waited:.0f} s "
+                f"(runner.rollout_timeout_s): each needs {self._needs()}; the cluster has {have} in all. "
+                f"Lower runner.n_actors or runner.num_cpus_per_actor (e.g. 0.5), or add nodes.")
 
     # -- data flow -----------------------------------------------------------------------------
     def _request(self, index: int) -> None:
@@ -245,6 +297,10 @@ class RayDistributedActors(DistributedActors):
         self.handles[index] = self._new_actor(index)
         self.last_seen[index] = time.monotonic()
         self._request_all(index)
+
+
+def _indices(indices: list[int]) -> str:
+    return ", ".join(map(str, indices))
 
 
 def _kill(ray, handle) -> None:
