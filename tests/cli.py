@@ -42,4 +42,5 @@ def fault_env(tmp_path: Path, fault: str, **env_options) -> list[str]:
     options = "".join(f"{k}: {v}\n" for k, v in env_options.items())
     (config_dir / "env" / "faulty.yaml").write_text(
         f"_target_: tests.envs.FaultOnceEnv\nmarker: {tmp_path / 'fault'}\nfault: {fault}\nafter: {after}\nlength: 5\n{options}")
-    return ["--config-dir", str(config_dir), "+env=faulty", "eval.interval=0"]
+    # 8 envs an actor: each env instance reaches `after` steps early in a short run.
+    return ["--config-dir", str(config_dir), "+env=faulty", "eval.interval=0", "runner.envs_per_actor=8"]

@@ -31,7 +31,7 @@ def wait_for_epochs(run_dir, n, timeout=60):
 
 def test_evaluation_runs_every_interval_and_best_checkpoint_follows_it(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_train("+env=cartpole", "runner=sequential", "max_env_steps=15360", "epoch_length=3", "eval.interval=2",
+    result = run_train("+env=cartpole", "runner=sequential", "runner.envs_per_actor=8", "max_env_steps=15360", "epoch_length=3", "eval.interval=2",
                        "eval.episodes=3", "target_return=null", run_dir=run_dir)
     assert result.returncode == 0, result.stderr
     stats = read_stats(run_dir)

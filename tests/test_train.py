@@ -51,7 +51,7 @@ def test_cartpole_on_subprocess_actors_learns_far_above_random(tmp_path):
 
 
 def test_same_seed_gives_identical_sequential_runs_and_another_seed_differs(tmp_path):
-    common = ["+env=cartpole", "runner=sequential", "max_env_steps=6144", "epoch_length=2"]  # 6 epochs of 2 x 512 steps
+    common = ["+env=cartpole", "runner=sequential", "runner.envs_per_actor=8", "max_env_steps=6144", "epoch_length=2"]  # 6 epochs of 2 x 512 steps
     runs = {}
     for name, seed in [("a", 3), ("b", 3), ("c", 4)]:
         result = run_train(*common, f"seed={seed}", run_dir=tmp_path / name)
@@ -67,7 +67,7 @@ def test_explicit_actor_seeds_override_the_derived_ones():
     from maze_cli.cli.schema import ImpalaConfig, MlpPolicyConfig, Settings, SubprocRunnerConfig, TrainConfig, UniformReplayConfig
     from maze_cli.seeding import derive_seeds
 
-    runner = SubprocRunnerConfig(n_actors=2, actor_env_seeds=[21, 22])
+    runner = SubprocRunnerConfig(n_actors=2, envs_per_actor=8, actor_env_seeds=[21, 22])
     settings = Settings(TrainConfig(seed=5), {"id": "CartPole-v1"}, ImpalaConfig(), MlpPolicyConfig(), runner, UniformReplayConfig())
     factory, obs_space, act_space = check_env(settings)
     actors = build_run(settings, factory, obs_space, act_space).runner
@@ -97,7 +97,8 @@ def test_a_users_own_env_from_a_config_dir(tmp_path):
 
 
 def test_max_time_s_stops_the_run(tmp_path):
-    result = run_train("+env=cartpole", "runner=sequential", "max_time_s=2", "max_env_steps=100000000", "epoch_length=5",
+    result = run_train("+env=cartpole", "runner=sequential", "max_time_s=2", "max_env_steps=100000000", "target_return=null",
+                       "epoch_length=5",
                        run_dir=tmp_path / "run")
     assert result.returncode == 0, result.stderr
     assert "stopped: max_time_s" in result.stdout
@@ -113,3 +114,31 @@ def test_an_env_that_raises_in_an_actor_ends_the_run_with_its_error(tmp_path, ru
     assert result.returncode == 1
     assert "train: error: actor" in result.stderr and "injected failure in step" in result.stderr
     assert processes_with_env_tag(result.tag) == []
+
+
+def test_the_console_shows_a_row_at_most_every_interval_and_always_the_last(caplog):
+    from maze_cli.stats.writers import ConsoleTable
+
+    table = ConsoleTable(min_interval_s=60)
+    with caplog.at_level("INFO", logger="maze_cli"):
+        for epoch in range(1, 6):
+            table.write({"epoch": epoch, "env_steps": epoch * 100})
+        table.close()
+    rows = [r.getMessage().split()[0] for r in caplog.records if not r.getMessage().lstrip().startswith("epoch")]
+    assert rows == ["1", "5"]
+
+
+@pytest.mark.parametrize("args,envs,evals", [
+    (["+env=cartpole"], 64, 1),
+    (["+env=pendulum", "algorithm=sac"], 8, 5),
+    (["+env=cartpole", "runner.envs_per_actor=4", "eval.interval=3"], 4, 3),
+])
+def test_keys_left_null_take_the_algorithms_defaults(args, envs, evals):
+    from hydra import compose, initialize_config_dir
+
+    from maze_cli.cli.paths import config_dir
+    from maze_cli.cli.schema import validate
+
+    with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+        settings = validate(compose("train", overrides=args), [])
+    assert (settings.runner.envs_per_actor, settings.train.eval.interval) == (envs, evals)

@@ -31,7 +31,7 @@ def _f(default: Any = dataclasses.MISSING, **limits: Any) -> Any:
 
 @dataclass
 class EvalConfig:
-    interval: int = _f(5, ge=0)  # epochs between evaluations; 0 turns evaluation off
+    interval: Optional[int] = _f(None, ge=0)  # epochs between evaluations; 0: off; None: the algorithm's choice
     episodes: int = _f(10, ge=1)
 
 
@@ -120,7 +120,7 @@ class MlpPolicyConfig:
 class SequentialRunnerConfig:
     name: str = "sequential"
     n_actors: int = _f(2, ge=1)
-    envs_per_actor: int = _f(8, ge=1)
+    envs_per_actor: Optional[int] = _f(None, ge=1)  # None: the algorithm's choice
     batch_size: int = _f(2, ge=1)
     actor_env_seeds: Optional[List[int]] = None
     actor_agent_seeds: Optional[List[int]] = None
@@ -299,4 +299,20 @@ def validate(cfg: DictConfig, env_options: list[str]) -> Settings:
     start_method = getattr(runner, "start_method", None)
     if start_method is not None and start_method not in mp.get_all_start_methods():
         raise ConfigError(f"runner.start_method={start_method}: not available here; use one of {', '.join(mp.get_all_start_methods())}")
+    _fill_algorithm_defaults(train, groups["algorithm"].name, runner)
     return Settings(train=train, env=env, **groups)
+
+
+# What keys left null become, per algorithm. IMPALA learns from wide batches: a vectorized env makes
+# 64 envs per actor nearly free, and with 2 x 64 x 32 steps an update, 20 updates (an epoch) are
+# plenty between evaluations. SAC makes one update per transition: a few envs keep its replay data
+# fresh, and its epochs are short, so it evaluates every fifth.
+ALGORITHM_DEFAULTS = {"impala": {"envs_per_actor": 64, "eval_interval": 1}, "sac": {"envs_per_actor": 8, "eval_interval": 5}}
+
+
+def _fill_algorithm_defaults(train: TrainConfig, algorithm: str, runner: Any) -> None:
+    defaults = ALGORITHM_DEFAULTS[algorithm]
+    if runner.envs_per_actor is None:
+        runner.envs_per_actor = defaults["envs_per_actor"]
+    if train.eval.interval is None:
+        train.eval.interval = defaults["eval_interval"]

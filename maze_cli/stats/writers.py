@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -68,11 +69,16 @@ _COLUMNS = [
 
 
 class ConsoleTable:
-    """A fixed-width row per epoch, with the header repeated every `header_every` rows."""
+    """A fixed-width row per epoch, at most one every `min_interval_s` (short epochs would flood the
+    terminal; stats.jsonl and TensorBoard keep every epoch), the header repeated every
+    `header_every` rows. The last epoch is always shown, at `close()` if it was held back."""
 
-    def __init__(self, header_every: int = 20):
+    def __init__(self, header_every: int = 20, min_interval_s: float = 1.0):
         self.header_every = header_every
+        self.min_interval_s = min_interval_s
         self.rows = 0
+        self._last_shown = -math.inf
+        self._held: dict[str, Any] | None = None
 
     def _cell(self, stats: dict[str, Any], key: str, title: str, fmt: str) -> str:
         width = max(len(title), len(fmt.format(0) if "d" in fmt else fmt.format(0.0)))
@@ -81,11 +87,21 @@ class ConsoleTable:
         return text.rjust(width)
 
     def write(self, stats: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if now - self._last_shown < self.min_interval_s:
+            self._held = stats
+            return
+        self._show(stats)
+        self._last_shown = now
+
+    def _show(self, stats: dict[str, Any]) -> None:
         if self.rows % self.header_every == 0:
             widths = [max(len(t), len(f.format(0) if "d" in f else f.format(0.0))) for _, t, f in _COLUMNS]
             log.info(" ".join(t.rjust(w) for (_, t, _), w in zip(_COLUMNS, widths)))
         log.info(" ".join(self._cell(stats, k, t, f) for k, t, f in _COLUMNS))
         self.rows += 1
+        self._held = None
 
     def close(self) -> None:
-        pass
+        if self._held is not None:
+            self._show(self._held)
