@@ -161,6 +161,7 @@ class Trainer:
 
         An env that raises during evaluation skips that evaluation with a warning: the same env
         failing in an actor costs one restart, so here it must not cost the whole run."""
+        start = time.perf_counter()
         try:
             stats.update(self.evaluate())
         except Exception as err:  # noqa: BLE001 - any env error
@@ -168,6 +169,7 @@ class Trainer:
             log.debug("evaluation failure", exc_info=True)
             stats["eval/failures"] = 1
             return reason
+        stats["time/eval_s"] = time.perf_counter() - start
         eval_mean = stats["eval/return_mean"]
         if self.best_eval is None or eval_mean > self.best_eval:
             self.best_eval = eval_mean

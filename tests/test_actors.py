@@ -169,3 +169,15 @@ def test_a_killed_actor_is_noticed_within_seconds():
                 actors.collect_outputs("cpu")
         finally:
             assert time.monotonic() - start < 5
+
+
+def test_the_tanh_of_large_batches_matches_torchs_in_value_and_gradient():
+    from maze_cli.policies.actor_critic import Tanh
+
+    x = torch.randn(Tanh.SIGMOID_FROM // 64 + 1, 64, dtype=torch.float32) * 3
+    mine, native = x.clone().requires_grad_(), x.clone().requires_grad_()
+    grad = torch.randn_like(x)
+    Tanh()(mine).backward(grad)
+    torch.tanh(native).backward(grad)
+    assert torch.allclose(Tanh()(x), torch.tanh(x), atol=1e-6)
+    assert torch.allclose(mine.grad, native.grad, atol=1e-5)

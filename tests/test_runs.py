@@ -41,7 +41,7 @@ def test_evaluation_runs_every_interval_and_best_checkpoint_follows_it(tmp_path)
     assert [row["epoch"] for row in stats if "eval/return_mean" in row] == [e for e in range(1, n + 1) if e % 2 == 0 or e == n]
     for row in stats:
         if "eval/return_mean" in row:
-            assert {"eval/return_std", "eval/episode_length_mean", "eval/best_return_mean"} <= set(row)
+            assert {"eval/return_std", "eval/episode_length_mean", "eval/best_return_mean", "time/eval_s"} <= set(row)
     best = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=False)
     assert best["trainer"]["best_eval"] == max(row["eval/return_mean"] for row in stats if "eval/return_mean" in row)
     assert (run_dir / "learning_curve.png").stat().st_size > 1000

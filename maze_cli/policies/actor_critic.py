@@ -12,7 +12,39 @@ from torch import nn
 from maze_cli.envs.spaces import _flatten_spaces, observation_specs
 from maze_cli.policies.distributions import DiagGaussian, make_distribution
 
-_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
+class _SigmoidTanh(torch.autograd.Function):
+    """tanh as 2 sigmoid(2x) - 1; the backward is torch's own tanh backward, from the output."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        y = torch.sigmoid(x * 2.0).mul_(2.0).sub_(1.0)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return torch.ops.aten.tanh_backward(grad, y)
+
+
+class Tanh(nn.Module):
+    """tanh, computed through sigmoid on large CPU batches.
+
+    torch's CPU tanh kernel is several times slower than its sigmoid (on one thread, about 0.8 ms
+    against 0.15 ms for a learner batch of 4,224 x 64), which made tanh a third of IMPALA's
+    forward pass. Small batches (acting) keep the native kernel: there the autograd.Function's
+    fixed cost would outweigh the saving. The two agree to float32 rounding (about 1e-7).
+    """
+
+    SIGMOID_FROM = 65536  # elements
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda or x.numel() < self.SIGMOID_FROM:
+            return torch.tanh(x)
+        return _SigmoidTanh.apply(x)
+
+
+_ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
 
 def _mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
