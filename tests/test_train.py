@@ -27,12 +27,12 @@ def without_timings(stats: list[dict]) -> list[dict]:
 @pytest.mark.slow
 def test_cartpole_on_subprocess_actors_learns_far_above_random(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_train("+env=cartpole", "runner=subproc", "max_env_steps=300000", "target_return=null", run_dir=run_dir)
+    result = run_train("+env=cartpole", "runner=subproc", "max_env_steps=600000", "target_return=null", run_dir=run_dir)
     assert result.returncode == 0, result.stderr
     stats = read_stats(run_dir)
     for key in REQUIRED_STATS:
         assert key in stats[-1], key
-    assert stats[-1]["env_steps"] >= 300000
+    assert stats[-1]["env_steps"] >= 600000
     # A random policy averages about 22 on CartPole-v1; learning may dip, but not back to random.
     returns = [row["train/return_mean"] for row in stats]
     assert max(returns) > 150 and max(returns[-3:]) > 60, returns
@@ -130,7 +130,7 @@ def test_the_console_shows_a_row_at_most_every_interval_and_always_the_last(capl
 
 @pytest.mark.parametrize("args,envs,evals", [
     (["+env=cartpole"], 64, 1),
-    (["+env=pendulum", "algorithm=sac"], 8, 5),
+    (["+env=pendulum", "algorithm=sac"], 8, 1),
     (["+env=cartpole", "runner.envs_per_actor=4", "eval.interval=3"], 4, 3),
 ])
 def test_keys_left_null_take_the_algorithms_defaults(args, envs, evals):

@@ -72,7 +72,7 @@ def vtrace(
 
 @dataclass(frozen=True)
 class ImpalaHyperparameters:
-    lr: float = 3e-3
+    lr: float = 1e-3
     gamma: float = 0.99
     rho_bar: float = 1.0
     c_bar: float = 1.0

@@ -120,6 +120,7 @@ class SacLearner:
         self.device = device
         self.critic = TwinCritic(policy.observation_space, policy.action_space, hidden_sizes, activation).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.critic_params, self.critic_target_params = list(self.critic.parameters()), list(self.critic_target.parameters())
         self.log_alpha = torch.tensor(math.log(hp.init_alpha), device=device, requires_grad=True)
         space = policy.action_space
         if hp.target_entropy is not None:
@@ -172,22 +173,19 @@ class SacLearner:
             alpha_loss = -(self.log_alpha * (self.target_entropy - entropy)).mean()
         else:
             actions, logp = self.policy.sample(tr.observations)
-            self.critic.requires_grad_(False)  # gradients flow through Q into the actor only
             q_min = torch.min(*self.critic(tr.observations, actions))
-            self.critic.requires_grad_(True)
             policy_loss = (alpha * logp - q_min).mean()
             entropy = -logp.detach()
             alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
         self.policy_optimizer.zero_grad()
-        policy_loss.backward()
+        policy_loss.backward(inputs=self.policy_optimizer.params)  # through Q into the actor only
         self.policy_optimizer.step()
         self.alpha_optimizer.zero_grad()
         alpha_loss.backward()
         self.alpha_optimizer.step()
 
         with torch.no_grad():  # Polyak averaging of the target critics
-            for p, p_t in zip(self.critic.parameters(), self.critic_target.parameters()):
-                p_t.lerp_(p, hp.tau)
+            torch._foreach_lerp_(self.critic_target_params, self.critic_params, hp.tau)
         self.updates += 1
         stats = {
             "critic_loss": critic_loss.item(),

@@ -31,7 +31,7 @@ def _f(default: Any = dataclasses.MISSING, **limits: Any) -> Any:
 
 @dataclass
 class EvalConfig:
-    interval: Optional[int] = _f(None, ge=0)  # epochs between evaluations; 0: off; None: the algorithm's choice
+    interval: int = _f(1, ge=0)  # epochs between evaluations; 0: off
     episodes: int = _f(10, ge=1)
 
 
@@ -61,7 +61,7 @@ class TrainConfig:
 @dataclass
 class ImpalaConfig:
     name: str = "impala"
-    lr: float = _f(3e-3, gt=0)
+    lr: float = _f(1e-3, gt=0)
     gamma: float = _f(0.99, ge=0, le=1)
     n_rollout_steps: int = _f(32, ge=1)
     rho_bar: float = _f(1.0, gt=0)
@@ -304,15 +304,12 @@ def validate(cfg: DictConfig, env_options: list[str]) -> Settings:
 
 
 # What keys left null become, per algorithm. IMPALA learns from wide batches: a vectorized env makes
-# 64 envs per actor nearly free, and with 2 x 64 x 32 steps an update, 20 updates (an epoch) are
-# plenty between evaluations. SAC makes one update per transition: a few envs keep its replay data
-# fresh, and its epochs are short, so it evaluates every fifth.
-ALGORITHM_DEFAULTS = {"impala": {"envs_per_actor": 64, "eval_interval": 1}, "sac": {"envs_per_actor": 8, "eval_interval": 5}}
+# 64 envs per actor nearly free. SAC makes one update per transition: a few envs keep its replay
+# data fresh.
+ALGORITHM_DEFAULTS = {"impala": {"envs_per_actor": 64}, "sac": {"envs_per_actor": 8}}
 
 
 def _fill_algorithm_defaults(train: TrainConfig, algorithm: str, runner: Any) -> None:
     defaults = ALGORITHM_DEFAULTS[algorithm]
     if runner.envs_per_actor is None:
         runner.envs_per_actor = defaults["envs_per_actor"]
-    if train.eval.interval is None:
-        train.eval.interval = defaults["eval_interval"]
