@@ -140,7 +140,6 @@ def put_into_readme(readme: Path, text: str) -> None:
     readme.write_text(f"{head}{README_BEGIN}\n{deeper}\n{README_END}{tail}")
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20, help="length of each throughput run")

@@ -33,6 +33,18 @@ def run_train(*overrides: str, run_dir: Path | None = None, timeout: float = 300
     return Result(proc.returncode, proc.stdout, proc.stderr, tag)
 
 
+def restart_budget(fault: str, seconds: float) -> list[str]:
+    """Budget overrides for a run that must finish after an actor restart. A hang is only noticed
+    after rollout_timeout_s while the healthy actors go on, so that run gets `seconds` of time,
+    whatever the machine's speed; other faults get a step budget."""
+    return ["max_env_steps=100000000", f"max_time_s={seconds}"] if fault == "hang" else ["max_env_steps=30000"]
+
+
+def stopped_by(budget: list[str]) -> str:
+    """The log line's start that says the run ended by the last key of `budget`."""
+    return f"stopped: {budget[-1].split('=')[0]} after"
+
+
 def fault_env(tmp_path: Path, fault: str, **env_options) -> list[str]:
     """Overrides that train on `tests.envs.FaultOnceEnv` with `fault` injected once in the run
     (the marker file under `tmp_path` records that it happened)."""

@@ -299,7 +299,7 @@ def validate(cfg: DictConfig, env_options: list[str]) -> Settings:
     start_method = getattr(runner, "start_method", None)
     if start_method is not None and start_method not in mp.get_all_start_methods():
         raise ConfigError(f"runner.start_method={start_method}: not available here; use one of {', '.join(mp.get_all_start_methods())}")
-    _fill_algorithm_defaults(train, groups["algorithm"].name, runner)
+    _fill_algorithm_defaults(groups["algorithm"].name, runner)
     return Settings(train=train, env=env, **groups)
 
 
@@ -309,7 +309,6 @@ def validate(cfg: DictConfig, env_options: list[str]) -> Settings:
 ALGORITHM_DEFAULTS = {"impala": {"envs_per_actor": 64}, "sac": {"envs_per_actor": 8}}
 
 
-def _fill_algorithm_defaults(train: TrainConfig, algorithm: str, runner: Any) -> None:
-    defaults = ALGORITHM_DEFAULTS[algorithm]
+def _fill_algorithm_defaults(algorithm: str, runner: Any) -> None:
     if runner.envs_per_actor is None:
-        runner.envs_per_actor = defaults["envs_per_actor"]
+        runner.envs_per_actor = ALGORITHM_DEFAULTS[algorithm]["envs_per_actor"]
