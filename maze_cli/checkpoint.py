@@ -1,53 +1,138 @@
-"""Checkpoints, written atomically: a temp file beside the target, then a rename.
+"""Checkpoints: plain data, written atomically, read without running code from the file.
 
 `last.pt` every `interval` epochs, at the end and on interruption; `best.pt` whenever the eval
 return improves. Each holds the learner (policy, optimizers, counters), the trainer's counters,
-the RNG states, the config, the policy's blueprint and, if asked, the replay buffer.
+the RNG states, the resolved config, the policy's blueprint and, if asked, the replay buffer.
+
+Checkpoints are what users share, so a checkpoint holds only tensors, numbers, strings, lists and
+dicts, and is read with `torch.load(weights_only=True)`: reading one cannot run code. The policy it
+asks for is built only from an allow-list (see maze_cli.policies.blueprint). Files are written to
+a temp file beside the target and renamed, so a reader never sees a truncated one.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
+import pickle
 import random
+import re
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import torch
+
+from maze_cli.errors import CheckpointError
+
+FORMAT = "maze_cli.checkpoint"
+VERSION = 2  # 1: the pickled format of maze_cli 0.1 (objects, not data); 2: plain data
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     """Write `payload` to `path` so that a reader never sees a truncated file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(payload, tmp)
+    torch.save({"format": FORMAT, "version": VERSION, **payload}, tmp)
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=False)
+def load_checkpoint(path: Path | str, trust: bool = False, where: str | None = None) -> dict[str, Any]:
+    """The payload of a maze_cli checkpoint, read as plain data (or, with `trust`, as pickled
+    objects: runs code from the file). Every way a file can be unusable is one CheckpointError."""
+    path = Path(path)
+    where = where or f"checkpoint={path}"
+    if not path.is_file():
+        raise CheckpointError(f"{where}: no such checkpoint file")
+    with path.open("rb") as f:
+        if f.read(4) != b"PK\x03\x04":  # torch's zip format (older raw pickles would run code to load)
+            raise CheckpointError(f"{where}: not a maze_cli checkpoint (not a torch checkpoint file at all)")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=not trust)
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(_unsafe_message(path, where, err)) from None
+    except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, EOFError, ... for broken files
+        raise CheckpointError(_unreadable_message(path, where, err)) from None
+    if isinstance(payload, dict) and "format" not in payload and {"policy_blueprint", "learner"} <= set(payload):
+        raise CheckpointError(f"{where}: written by maze_cli 0.1 (checkpoint format 1), which this version does not read; "
+                              f"train again with this version")
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{where}: not a maze_cli checkpoint (a torch file without maze_cli's format marker)")
+    if payload.get("version") != VERSION:
+        raise CheckpointError(
+            f"{where}: checkpoint format {payload.get('version')}, but this maze_cli reads format {VERSION}; "
+            f"use the maze_cli version that wrote it"
+        )
+    return payload
 
 
-def load_policy(path: Path):
-    """Rebuild the policy a checkpoint was trained with (its blueprint) and load its weights."""
-    from maze_cli.cli.build import PolicyBlueprint
-
-    payload = load_checkpoint(path)
-    blueprint = PolicyBlueprint(**payload["policy_blueprint"])
-    policy = blueprint.build()
-    policy.load_state_dict(payload["learner"]["policy"])
-    return policy
+def _unreadable_message(path: Path, where: str, err: Exception) -> str:
+    return f"{where}: truncated or corrupt checkpoint ({type(err).__name__}: {str(err).strip().splitlines()[0]})"
 
 
-def _rng_states() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+def _unsafe_message(path: Path, where: str, err: Exception) -> str:
+    """A file that holds pickled objects: maze_cli 0.1's format, or something crafted."""
+    if _looks_like_format_1(path):
+        return (f"{where}: written by maze_cli 0.1 (checkpoint format 1: pickled objects), which this version does not "
+                f"read (it would have to run code from the file); train again with this version")
+    unsupported = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
+    what = f"it names {unsupported.group(1)}" if unsupported else "Python objects"
+    return (f"{where}: the file holds objects whose loading would run code ({what}); refused. "
+            f"If you trust the file's author: trust_checkpoint=true (runs code from the file)")
 
 
-def _set_rng_states(states: dict[str, Any]) -> None:
+def _looks_like_format_1(path: Path) -> bool:
+    """maze_cli 0.1 checkpoints carry these keys; read from the pickle's bytes, nothing executed."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+            data = archive.read(name)
+    except (zipfile.BadZipFile, StopIteration, OSError):
+        return False
+    return b"policy_blueprint" in data and b"learner" in data and FORMAT.encode() not in data
+
+
+# -- RNG states as plain data -----------------------------------------------------------------------
+def rng_states() -> dict[str, Any]:
+    """torch's, numpy's and Python's global RNG states, as tensors and lists."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": _to_lists(random.getstate()),
+    }
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
-    np.random.set_state(states["numpy"])
-    random.setstate(states["python"])
+    n = states["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def _to_lists(value: Any) -> Any:
+    return [_to_lists(v) for v in value] if isinstance(value, tuple) else value
+
+
+# -- policies from checkpoints ----------------------------------------------------------------------
+def load_policy(path: Path | str, trusted: Iterable[str] = (), trust: bool = False, where: str | None = None):
+    """Rebuild the policy a checkpoint was trained with (allow-listed blueprint) and load its weights."""
+    from maze_cli.policies.blueprint import build_policy
+
+    where = where or f"checkpoint={path}"
+    payload = load_checkpoint(path, trust, where)
+    try:
+        blueprint, weights = payload["policy_blueprint"], payload["learner"]["policy"]
+    except (KeyError, TypeError):
+        raise CheckpointError(f"{where}: the checkpoint holds no policy (policy_blueprint and learner.policy)") from None
+    policy = build_policy(blueprint, trusted, trust, where)
+    try:
+        policy.load_state_dict(weights)
+    except RuntimeError as err:
+        raise CheckpointError(f"{where}: its weights do not fit its policy blueprint ({str(err).splitlines()[0]})") from None
+    return policy
 
 
 class Checkpointer:
@@ -68,8 +153,8 @@ class Checkpointer:
         payload = {
             "learner": self.run.learner.state_dict(),
             "trainer": self.trainer.state_dict(),
-            "policy_blueprint": dataclasses.asdict(self.run.blueprint),
-            "rng": _rng_states(),
+            "policy_blueprint": self.run.blueprint,
+            "rng": rng_states(),
             "config": self.config,
             "stop_reason": reason,
         }
@@ -88,12 +173,12 @@ class Checkpointer:
         if self.trainer.epoch % self.interval == 0:
             self.save_last("running")
 
-    def restore(self) -> None:
+    def restore(self, trust: bool = False) -> None:
         """Continue from `last.pt`: learner, counters, RNG states and, if saved, the replay buffer."""
-        state = load_checkpoint(self.directory / "last.pt")
+        state = load_checkpoint(self.directory / "last.pt", trust, where=f"resume={self.directory.parent}")
         self.run.learner.load_state_dict(state["learner"])
         self.trainer.load_state_dict(state["trainer"])
-        _set_rng_states(state["rng"])
+        set_rng_states(state["rng"])
         buffer = self._replay_buffer()
         if buffer is not None and "replay_buffer" in state:
             buffer.load_state_dict(state["replay_buffer"])

@@ -36,9 +36,12 @@ def run_episodes(
         returns = np.zeros(len(envs))
         lengths = np.zeros(len(envs), dtype=np.int64)
         running = np.ones(len(envs), dtype=bool)
+        state = tuple(s.to(device) for s in policy.initial_state(len(envs)))
+        starts = torch.ones(len(envs), dtype=torch.bool, device=device)
         while running.any():
             with torch.no_grad():
-                actions, _ = policy.act({k: v.to(device) for k, v in obs.items()}, deterministic=deterministic)
+                actions, _, state = policy.act({k: v.to(device) for k, v in obs.items()}, state, starts, deterministic=deterministic)
+            starts = torch.zeros_like(starts)  # each env plays one episode: no further starts
             actions = actions.cpu().numpy()
             for i in np.flatnonzero(running):
                 o, r, terminated, truncated, _ = envs[i].step(action_to_env(envs[i].action_space, actions[i]))

@@ -13,6 +13,15 @@ the state was not terminal) the actor keeps its real last observation in `final_
 `autoreset[t]` marks a step that was no transition: a vectorized env in gymnasium's "next step"
 autoreset mode spent it resetting an env that ended at t-1 (action ignored, reward 0,
 `observations[t+1]` the new episode's first). Learners leave such steps out.
+
+`episode_start[t]` (`[T+1, B]`, like the observations) marks `observations[t]` as the first of an
+episode: where a recurrent policy's state was reset. `initial_state` is the policy's state before step 0 (batch first, `[B, ...]` per
+tensor; empty for feed-forward policies), so the learner unrolls the core exactly as the actor did.
+`behaviour_value[t]` is V(observations[t]) under the acting policy, recorded only for algorithms
+that ask for it (None otherwise).
+
+Fresh records are filled with poison (NaN for floats, the smallest integer for ints), so a field an
+actor forgot to write shows up at once instead of passing as zeros.
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ class RolloutSpec:
     action: TensorSpec
     n_steps: int
     n_envs: int
+    state: tuple[TensorSpec, ...] = ()  # the policy's recurrent state, per env
+    record_values: bool = False  # keep behaviour_value
 
     def allocate(self, shared: bool = False, n_slots: int | None = None) -> "Rollout":
         """A zeroed record; in shared memory when `shared`, so that another process can fill it.
@@ -49,10 +60,11 @@ class RolloutSpec:
         slots = () if n_slots is None else (n_slots,)
 
         def empty(leading: tuple[int, ...], spec: TensorSpec) -> torch.Tensor:
-            tensor = torch.zeros(slots + leading + spec.shape, dtype=spec.dtype)
+            tensor = torch.full(slots + leading + spec.shape, poison(spec.dtype), dtype=spec.dtype)
             return tensor.share_memory_() if shared else tensor
 
         t, b = self.n_steps, self.n_envs
+        value = TensorSpec((), torch.float32)
         return Rollout(
             observations={k: empty((t + 1, b), s) for k, s in self.observations.items()},
             actions=empty((t, b), self.action),
@@ -63,7 +75,19 @@ class RolloutSpec:
             autoreset=empty((t, b), TensorSpec((), torch.bool)),
             final_observations={k: empty((t, b), s) for k, s in self.observations.items()},
             policy_version=empty((b,), TensorSpec((), torch.int64)),
+            episode_start=empty((t + 1, b), TensorSpec((), torch.bool)),
+            initial_state=tuple(empty((b,), spec) for spec in self.state),
+            behaviour_value=empty((t, b), value) if self.record_values else None,
         )
+
+
+def poison(dtype: torch.dtype) -> float | int | bool:
+    """The value a fresh record holds until an actor writes it: NaN, the smallest int, or False."""
+    if dtype.is_floating_point:
+        return float("nan")
+    if dtype == torch.bool:
+        return False
+    return torch.iinfo(dtype).min
 
 
 @dataclass
@@ -79,6 +103,12 @@ class Rollout:
     autoreset: torch.Tensor
     final_observations: dict[str, torch.Tensor]
     policy_version: torch.Tensor
+    episode_start: torch.Tensor | None = None
+    initial_state: tuple[torch.Tensor, ...] = ()
+    behaviour_value: torch.Tensor | None = None
+
+    # Fields whose batch dimension comes first (the others are time-major: [T, B, ...]).
+    BATCH_FIRST = ("policy_version", "initial_state")
 
     @property
     def dones(self) -> torch.Tensor:
@@ -95,11 +125,7 @@ class Rollout:
 
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Rollout":
         """Apply `fn` to every tensor, keeping the structure."""
-        values = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            values[f.name] = {k: fn(v) for k, v in value.items()} if isinstance(value, dict) else fn(value)
-        return Rollout(**values)
+        return Rollout(**{f.name: _apply(getattr(self, f.name), fn) for f in fields(self)})
 
     def slot(self, index: int) -> "Rollout":
         """Record `index` of a pool made by `RolloutSpec.allocate(n_slots=...)` (a view, no copy)."""
@@ -115,7 +141,10 @@ class Rollout:
             if isinstance(mine, dict):
                 for k in mine:
                     mine[k].copy_(theirs[k])
-            else:
+            elif isinstance(mine, tuple):
+                for m, t in zip(mine, theirs):
+                    m.copy_(t)
+            elif mine is not None:
                 mine.copy_(theirs)
 
     @staticmethod
@@ -125,12 +154,24 @@ class Rollout:
         values = {}
         for f in fields(first):
             value = getattr(first, f.name)
-            dim = 0 if f.name == "policy_version" else 1
+            dim = 0 if f.name in Rollout.BATCH_FIRST else 1
+            parts = [getattr(r, f.name) for r in rollouts]
             if isinstance(value, dict):
-                values[f.name] = {k: torch.cat([getattr(r, f.name)[k] for r in rollouts], dim=dim) for k in value}
+                values[f.name] = {k: torch.cat([p[k] for p in parts], dim=dim) for k in value}
+            elif isinstance(value, tuple):
+                values[f.name] = tuple(torch.cat(group, dim=dim) for group in zip(*parts))
             else:
-                values[f.name] = torch.cat([getattr(r, f.name) for r in rollouts], dim=dim)
+                values[f.name] = None if value is None else torch.cat(parts, dim=dim)
         return Rollout(**values)
+
+
+def _apply(value, fn: Callable[[torch.Tensor], torch.Tensor]):
+    """`fn` on a tensor, on each tensor of a dict or tuple; None stays None."""
+    if isinstance(value, dict):
+        return {k: fn(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(fn(v) for v in value)
+    return None if value is None else fn(value)
 
 
 @dataclass

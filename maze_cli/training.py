@@ -126,7 +126,11 @@ class Trainer:
 
     @property
     def elapsed(self) -> float:
-        return time.perf_counter() - self._start if hasattr(self, "_start") else 0.0
+        """Seconds of this session's training loop (frozen once it returns: shutting actors down and
+        writing files afterwards is not training time a resumed run should be charged for)."""
+        if not hasattr(self, "_start"):
+            return 0.0
+        return getattr(self, "_end", time.perf_counter()) - self._start
 
     def run(self) -> TrainResult:
         start = self._start = time.perf_counter()
@@ -152,7 +156,8 @@ class Trainer:
                     writer.write(stats)
                 if self.on_epoch_end is not None:
                     self.on_epoch_end(stats)
-        elapsed = time.perf_counter() - start
+        self._end = time.perf_counter()
+        elapsed = self._end - start
         log.info(f"stopped: {reason} after {self.env_steps:,} env steps, {self.epoch} epochs, {elapsed:.1f}s")
         return TrainResult(self.epoch, self.env_steps, elapsed, reason, self.window_mean())
 

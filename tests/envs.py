@@ -144,3 +144,11 @@ class LearnerSideFaultEnv(CountingEnv):
             if LearnerSideFaultEnv.steps_in_process > self.after:
                 raise RuntimeError("injected failure in evaluation")
         return super().step(action)
+
+
+class UnboundedActionEnv(CountingEnv):
+    """Box actions without bounds (as some control envs declare them): SAC cannot scale to them."""
+
+    def __init__(self, length: int = 5):
+        super().__init__(length, action_kind="box")
+        self.action_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)

@@ -1,16 +1,18 @@
 """Actors on gymnasium's vectorized envs: autoreset steps are marked, counted right, and never learned from."""
 
+from functools import partial
+
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
-from maze_cli.algorithms.impala import ImpalaHyperparameters, ImpalaLearner
+from maze_cli.algorithms.impala import Impala, ImpalaLearner
 from maze_cli.envs import EnvFactory
 from maze_cli.envs.batch import EnvList, VectorEnvBatch, make_env_batch
-from maze_cli.parallel import SequentialDistributedActors
-from maze_cli.parallel.workers_with_buffer import SequentialDistributedWorkersWithBuffer
-from maze_cli.policies import ActorCritic
+from maze_cli.buffers import UniformReplayBuffer
+from maze_cli.parallel import BaseDistributedWorkersWithBuffer, SequentialDistributedActors
+from maze_cli.policies import ActorCritic, RandomPolicy, mlp_network
 from tests.envs import CountingEnv
 
 SHORT_CARTPOLE = {"id": "CartPole-v1", "max_episode_steps": 5}  # every random episode is truncated at 5 steps
@@ -19,7 +21,7 @@ SHORT_CARTPOLE = {"id": "CartPole-v1", "max_episode_steps": 5}  # every random e
 def collect(config: dict, n_steps: int = 24, envs: int = 4):
     env_fn = EnvFactory(config)
     env = env_fn()
-    policy = ActorCritic(env.observation_space, env.action_space, hidden_sizes=(8,))
+    policy = ActorCritic(env.observation_space, env.action_space, mlp_network((8,)))
     with SequentialDistributedActors(env_fn, policy, n_steps, 1, 1, envs_per_actor=envs) as actors:
         return actors.collect_outputs("cpu")[0], actors
 
@@ -61,8 +63,8 @@ def test_the_learner_ignores_what_happens_in_autoreset_steps():
 
     def loss_with(garbage: float) -> float:
         torch.manual_seed(0)
-        policy = ActorCritic(env.observation_space, env.action_space, hidden_sizes=(8,))
-        learner = ImpalaLearner(policy, ImpalaHyperparameters(lr=0.0))
+        policy = ActorCritic(env.observation_space, env.action_space, mlp_network((8,)))
+        learner = ImpalaLearner(policy, Impala(lr=0.0))
         altered = batch.map(lambda t: t.clone())
         altered.actions[batch.autoreset] = int(garbage) % 2
         altered.rewards[batch.autoreset] = garbage
@@ -75,12 +77,13 @@ def test_the_learner_ignores_what_happens_in_autoreset_steps():
 def test_replay_workers_step_single_envs_so_every_step_is_a_transition():
     env_fn = EnvFactory(SHORT_CARTPOLE)
     env = env_fn()
-    policy = ActorCritic(env.observation_space, env.action_space, hidden_sizes=(8,))
-    workers = SequentialDistributedWorkersWithBuffer(
-        env_fn, policy, n_rollout_steps=8, n_workers=1, batch_size=4, rollouts_per_iteration=1, initial_sampling_policy=None,
-        replay_buffer_size=1000, initial_buffer_size=64, split_rollouts_into_transitions=True, env_instance_seeds=[1],
-        replay_buffer_seed=2, envs_per_worker=4,
+    policy = ActorCritic(env.observation_space, env.action_space, mlp_network((8,)))
+    actors = SequentialDistributedActors(
+        env_fn.without_vectorization(), policy, n_rollout_steps=8, n_actors=1, batch_size=1, envs_per_actor=4, actor_env_seeds=[1],
+        initial_policy=RandomPolicy(env.observation_space, env.action_space),
     )
+    workers = BaseDistributedWorkersWithBuffer(actors, partial(UniformReplayBuffer, capacity=1000, seed=2), batch_size=4,
+                                               initial_buffer_size=64, split_rollouts_into_transitions=True)
     with workers:
         workers.init_replay_buffer()
         sampled = workers.sample_batch("cpu")

@@ -2,6 +2,7 @@
 
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,11 @@ ray = pytest.importorskip("ray")
 from maze_cli.envs import EnvFactory  # noqa: E402
 from maze_cli.parallel import ActorFailure  # noqa: E402
 from maze_cli.parallel.ray_backend import RayDistributedActors  # noqa: E402
-from maze_cli.policies import ActorCritic  # noqa: E402
+from maze_cli.seeding import derive_seed  # noqa: E402
 from tests.cli import REPO, fault_env, restart_budget, run_train, stopped_by  # noqa: E402
+from tests.envs import StepRaisingEnv  # noqa: E402
 from tests.helpers import processes_with_env_tag, wait_until  # noqa: E402
+from tests.test_actors import make_policy  # noqa: E402
 from tests.test_train import read_stats  # noqa: E402
 
 
@@ -43,11 +46,9 @@ def ray_actor_processes() -> list[str]:
     return found
 
 
-def make_actors(cluster, **kwargs) -> RayDistributedActors:
-    env_fn = EnvFactory({"id": "CartPole-v1"})
-    env = env_fn()
-    policy = ActorCritic(env.observation_space, env.action_space, hidden_sizes=(16,))
-    return RayDistributedActors(env_fn, policy, 16, 2, 2, address=cluster.address, envs_per_actor=2, **kwargs)
+def make_actors(cluster, env_fn=None, n_actors=2, **kwargs) -> RayDistributedActors:
+    env_fn = env_fn or EnvFactory({"id": "CartPole-v1"})
+    return RayDistributedActors(env_fn, make_policy(env_fn()), 16, n_actors, 2, address=cluster.address, envs_per_actor=2, **kwargs)
 
 
 def test_actors_land_on_both_nodes_and_are_gone_after_stop(cluster):
@@ -76,6 +77,20 @@ def test_a_killed_ray_actor_is_replaced_with_derived_seeds_and_collection_goes_o
         for _ in range(3):  # the replacement serves too
             actors.collect_outputs("cpu")
         assert all(ref_actor in (0, 1) for ref_actor in actors.pending.values())
+
+
+def test_a_restarted_ray_actor_reports_its_derived_seeds(cluster):
+    # As in the other backends (tests/test_actors.py): every env instance fails in the actor's 2nd
+    # rollout; the first failure restarts the actor, the second ends the run with the seeds the
+    # restarted actor ran with.
+    actors = make_actors(cluster, partial(StepRaisingEnv, fail_after=20), n_actors=1, max_restarts=1,
+                         actor_env_seeds=[3], actor_agent_seeds=[7])
+    with pytest.raises(ActorFailure, match="all 1 restarts of runner.max_restarts used") as info, actors:
+        for _ in range(20):
+            actors.collect_outputs("cpu")
+    assert actors.actor_restarts == [1]
+    assert (info.value.env_seed, info.value.agent_seed) == (derive_seed(3, "restart-1"), derive_seed(7, "restart-1"))
+    assert "injected failure in step" in info.value.details
 
 
 def test_past_max_restarts_the_run_fails_fast(cluster):
@@ -178,13 +193,15 @@ def test_a_ray_started_by_maze_cli_fits_every_actor_and_is_shut_down(tmp_path):
 def test_without_ray_installed_runner_ray_says_how_to_install(monkeypatch):
     import importlib.util
 
-    from omegaconf import OmegaConf
+    from hydra import compose, initialize_config_dir
 
-    from maze_cli.cli import schema
+    from maze_cli.cli.paths import config_dir
+    from maze_cli.config import schema
 
+    schema.register_configs()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose("train", overrides=["+env=cartpole", "runner=ray"])
     real = importlib.util.find_spec
     monkeypatch.setattr(schema.importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
-    cfg = OmegaConf.create({"env": {"id": "CartPole-v1"}, "algorithm": {"name": "impala"}, "policy": {"name": "mlp"},
-                            "runner": {"name": "ray"}, "replay_buffer": {"name": "uniform"}})
     with pytest.raises(schema.ConfigError, match=r"pip install 'maze_cli\[ray\]'"):
         schema.validate(cfg, [])

@@ -139,7 +139,7 @@ def test_rollout_of_a_trained_cartpole_policy_is_far_above_random(tmp_path):
 
 
 def test_rollout_errors_are_one_line(tmp_path):
-    for args, needle in ((["checkpoint=/no/such.pt"], "no such file"), (["checkpoint=x", "episode=3"], "did you mean 'episodes'"),
+    for args, needle in ((["checkpoint=/no/such.pt"], "no such checkpoint file"), (["checkpoint=x", "episode=3"], "did you mean 'episodes'"),
                          ([], "checkpoint: a value is required")):
         proc = subprocess.run([str(ROLLOUT), *args], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from maze_cli.algorithms.sac import SacHyperparameters, SacLearner, SacPolicy
+from maze_cli.algorithms.sac import Sac, SacLearner, SacPolicy
+from maze_cli.policies import mlp_network
 from maze_cli.parallel.workers_with_buffer import SampledBatch
 from maze_cli.records import Transitions
 from tests.cli import run_train
@@ -88,13 +89,14 @@ def random_transitions(obs_space: gym.Space, action_space: gym.Space, n: int = 6
 def test_the_critic_fits_a_fixed_target(action_space):
     obs_space = gym.spaces.Box(-1.0, 1.0, (4,))
     torch.manual_seed(0)
-    policy = SacPolicy(obs_space, action_space, (32, 32))
-    learner = SacLearner(policy, SacHyperparameters(gamma=0.0, lr=3e-3), (32, 32))
+    network = mlp_network((32, 32), "relu")
+    policy = SacPolicy(obs_space, action_space, network)
+    learner = SacLearner(policy, Sac(gamma=0.0, lr=3e-3), network)
     batch = random_transitions(obs_space, action_space)
     losses = [learner.update(batch)[0]["critic_loss"] for _ in range(300)]
     # gamma = 0: the target is the reward itself, which the critics can fit.
     assert losses[-1] < 0.2 * losses[0]
-    actions, logp = policy.act({"obs": batch.transitions.observations["obs"]})
+    actions, logp, _ = policy.act({"obs": batch.transitions.observations["obs"]})
     if isinstance(action_space, gym.spaces.Box):
         assert (actions.abs() <= 2.0).all()
     assert torch.isfinite(logp).all()

@@ -63,12 +63,15 @@ def test_same_seed_gives_identical_sequential_runs_and_another_seed_differs(tmp_
 
 
 def test_explicit_actor_seeds_override_the_derived_ones():
+    from omegaconf import OmegaConf
+
     from maze_cli.cli.build import build_run, check_env
-    from maze_cli.cli.schema import ImpalaConfig, MlpPolicyConfig, Settings, SubprocRunnerConfig, TrainConfig, UniformReplayConfig
+    from maze_cli.config.schema import ImpalaConfig, MlpPolicyConfig, Settings, SubprocRunnerConfig, TrainConfig, UniformReplayConfig
     from maze_cli.seeding import derive_seeds
 
     runner = SubprocRunnerConfig(n_actors=2, envs_per_actor=8, actor_env_seeds=[21, 22])
-    settings = Settings(TrainConfig(seed=5), {"id": "CartPole-v1"}, ImpalaConfig(), MlpPolicyConfig(), runner, UniformReplayConfig())
+    groups = [OmegaConf.structured(c) for c in (ImpalaConfig(), MlpPolicyConfig(), runner, UniformReplayConfig())]
+    settings = Settings(TrainConfig(seed=5), {"id": "CartPole-v1"}, *groups)
     factory, obs_space, act_space = check_env(settings)
     actors = build_run(settings, factory, obs_space, act_space).runner
     assert actors.actor_env_seeds == [21, 22]
@@ -136,9 +139,14 @@ def test_the_console_shows_a_row_at_most_every_interval_and_always_the_last(capl
 def test_keys_left_null_take_the_algorithms_defaults(args, envs, evals):
     from hydra import compose, initialize_config_dir
 
+    from maze_cli.cli.build import build_run, check_env
     from maze_cli.cli.paths import config_dir
-    from maze_cli.cli.schema import validate
+    from maze_cli.config import register_configs, validate
 
+    register_configs()
     with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
-        settings = validate(compose("train", overrides=args), [])
-    assert (settings.runner.envs_per_actor, settings.train.eval.interval) == (envs, evals)
+        settings = validate(compose("train", overrides=args + ["runner=sequential"]), [])
+    factory, obs_space, act_space = check_env(settings)
+    actors = build_run(settings, factory, obs_space, act_space).runner
+    actors = getattr(actors, "actors", actors)
+    assert (actors.envs_per_actor, settings.train.eval.interval) == (envs, evals)

@@ -13,8 +13,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from maze_cli.algorithms.optim import Adam
+from maze_cli.algorithms.base import Algorithm, Components, Run
+from maze_cli.algorithms.optim import adam
+from maze_cli.config.schema import ImpalaConfig
 from maze_cli.parallel.distributed_actors import DistributedActors
+from maze_cli.policies.actor_critic import ActorCritic
+from maze_cli.policies.blueprint import policy_blueprint
 from maze_cli.records import Rollout
 from maze_cli.stats.aggregator import EpochStatsAggregator
 from maze_cli.training import check_finite
@@ -70,28 +74,43 @@ def vtrace(
     return VTraceReturns(vs=vs, pg_advantages=pg_advantages, clipped_rhos=clipped_rhos)
 
 
-@dataclass(frozen=True)
-class ImpalaHyperparameters:
-    lr: float = 1e-3
-    gamma: float = 0.99
-    rho_bar: float = 1.0
-    c_bar: float = 1.0
-    value_coef: float = 0.5
-    entropy_coef: float = 0.01
-    max_grad_norm: float = 0.5
-    adam_eps: float = 1e-5
+@dataclass
+class Impala(ImpalaConfig, Algorithm):
+    """`algorithm=impala`: actor-critic policy, actors feeding batches of rollouts as they come, V-trace."""
+
+    envs_per_actor = 64  # wide batches cost little with a vectorized env; IMPALA learns from them well
+    network_defaults = {"activation": "tanh"}
+
+    def build(self, parts: Components) -> Run:
+        kwargs = {"network": parts.network, "shared_network": self.shared_network}
+        policy = ActorCritic(parts.observation_space, parts.action_space, **kwargs)
+        learner = ImpalaLearner(policy, self, parts.device)
+        actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps)
+        blueprint = policy_blueprint(ActorCritic, parts.observation_space, parts.action_space, kwargs)
+        return Run(ImpalaLoop(actors, learner), actors, learner, blueprint)
 
 
 class ImpalaLearner:
     """Owns the actor-critic, its optimizer and the update; knows nothing of actors or backends."""
 
-    def __init__(self, policy: nn.Module, hp: ImpalaHyperparameters, device: str = "cpu"):
+    def __init__(self, policy: ActorCritic, hp: ImpalaConfig, device: str = "cpu"):
         self.policy = policy.to(device)
         self.hp = hp
         self.device = device
-        self.optimizer = Adam(self.policy.parameters(), lr=hp.lr, eps=hp.adam_eps)
+        self._optimizer: torch.optim.Optimizer | None = None
         self.updates = 0
         self.timings: dict[str, float] = {}  # seconds of the last update's forward and backward passes
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """Built on first use (see maze_cli.algorithms.optim for why)."""
+        if self._optimizer is None:
+            self._optimizer = adam(self.policy.parameters(), lr=self.hp.lr, eps=self.hp.adam_eps)
+        return self._optimizer
+
+    def warm_up(self) -> None:
+        """Build the optimizer now (train calls this once the actors are starting)."""
+        self.optimizer
 
     def update(self, batch: Rollout) -> dict[str, float]:
         """One gradient step on a time-major batch; returns the learner's stats for this step."""
@@ -99,10 +118,8 @@ class ImpalaLearner:
         T, B = batch.n_steps, batch.n_envs
         t0 = time.perf_counter()
         # One forward pass over all T+1 observations gives V(x_0..x_T): the last row bootstraps.
-        flat_obs = {k: v.reshape((T + 1) * B, *v.shape[2:]) for k, v in batch.observations.items()}
-        params, values_all = self.policy(flat_obs)
-        params = params.reshape(T + 1, B, -1)[:T]
-        values_all = values_all.reshape(T + 1, B)
+        out = self.policy(batch.observations, batch.initial_state, batch.episode_start)
+        params, values_all = out.params[:T], out.values
         values, bootstrap_value = values_all[:T], values_all[T]
         dist = self.policy.distribution
         target_logp = dist.log_prob(params, batch.actions)
@@ -145,8 +162,10 @@ class ImpalaLearner:
         rewards = batch.rewards.clone()
         where = batch.truncated.nonzero(as_tuple=True)
         if where[0].numel():
-            final_obs = {k: v[where] for k, v in batch.final_observations.items()}
-            rewards[where] += self.hp.gamma * self.policy(final_obs)[1]
+            final_obs = {k: v[where].unsqueeze(0) for k, v in batch.final_observations.items()}
+            # A recurrent policy's state at the final observation is not recorded: it starts afresh there.
+            state = tuple(s.to(rewards.device) for s in self.policy.initial_state(int(where[0].numel())))
+            rewards[where] += self.hp.gamma * self.policy.value(final_obs, state)[0]
         return rewards
 
     def state_dict(self) -> dict:

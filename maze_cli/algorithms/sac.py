@@ -18,44 +18,71 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from maze_cli.algorithms.optim import Adam
+from maze_cli.algorithms.base import Algorithm, Components, Run
+from maze_cli.algorithms.optim import adam
+from maze_cli.config.schema import SacConfig
+from maze_cli.errors import ConfigError
+from maze_cli.buffers import Sampler
 from maze_cli.parallel.workers_with_buffer import BaseDistributedWorkersWithBuffer, SampledBatch
-from maze_cli.policies.actor_critic import ObservationEncoder, _mlp
+from maze_cli.policies.base import Observations, Policy, PolicyOutput, State, one_step
+from maze_cli.policies.blueprint import policy_blueprint
+from maze_cli.policies.distributions import Categorical
+from maze_cli.policies.mlp import linear, mlp_network
+from maze_cli.policies.network import build_network
+from maze_cli.policies.random_policy import RandomPolicy
 from maze_cli.stats.aggregator import EpochStatsAggregator
 from maze_cli.training import check_finite
 
 _LOG_STD_MIN, _LOG_STD_MAX = -5.0, 2.0
+ACTION_KEY = "_action"  # the action's key among a Box-action critic's inputs
 
 
-def _check_space(action_space: gym.Space) -> None:
-    if not isinstance(action_space, (gym.spaces.Box, gym.spaces.Discrete)):
-        from maze_cli.envs.spaces import UnsupportedSpaceError
+def check_action_space(action_space: gym.Space) -> None:
+    """SAC's actions: Discrete, or a Box with finite bounds (the squashed Gaussian is scaled to them)."""
+    if isinstance(action_space, gym.spaces.Box):
+        if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
+            raise ConfigError(
+                f"algorithm=sac needs finite action bounds: its tanh-squashed policy is scaled to [low, high], and this env's "
+                f"action space {action_space} has infinite ones; wrap the env to rescale its actions "
+                f"(gymnasium.wrappers.RescaleAction) or use algorithm=impala"
+            )
+        return
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ConfigError(f"algorithm=sac supports Box and Discrete actions, not {action_space}; use algorithm=impala")
 
-        raise UnsupportedSpaceError(f"algorithm=sac supports Box and Discrete actions, not {action_space!r}")
 
-
-class SacPolicy(nn.Module):
+class SacPolicy(Policy):
     """The actor: a tanh-squashed Gaussian scaled to the Box bounds, or a categorical over Discrete."""
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden_sizes=(256, 256), activation: str = "relu"):
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, network: dict | None = None):
         super().__init__()
-        _check_space(action_space)
+        check_action_space(action_space)
         self.observation_space, self.action_space = observation_space, action_space
-        self.encoder = ObservationEncoder(observation_space)
+        self.network = build_network(dict(network or mlp_network((256, 256), "relu")), observation_space)
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         n_out = int(action_space.n) if self.discrete else 2 * int(np.prod(action_space.shape))
-        self.net = _mlp([self.encoder.out_dim, *hidden_sizes, n_out], activation, 0.01)
+        self.distribution = Categorical(n_out) if self.discrete else None
+        self.head = linear(self.network.out_dim, n_out, 0.01)
         if not self.discrete:
             low, high = action_space.low.flatten(), action_space.high.flatten()
             self.register_buffer("scale", torch.as_tensor((high - low) / 2, dtype=torch.float32))
             self.register_buffer("bias", torch.as_tensor((high + low) / 2, dtype=torch.float32))
 
-    def sample(self, observations: dict[str, torch.Tensor], deterministic: bool = False):
-        """Continuous: (action in env units, log-prob). Discrete: (probs, log-probs) over all actions."""
-        out = self.net(self.encoder(observations))
+    def forward(self, observations: Observations, state: State = (), episode_start: torch.Tensor | None = None) -> PolicyOutput:
+        features, state = self.network(observations, state, episode_start)
+        return PolicyOutput(self.head(features), None, state)
+
+    def sample(self, observations: Observations, deterministic: bool = False):
+        """For flat batches of transitions `[N, ...]`. Continuous: (action in env units, log-prob).
+        Discrete: (probs, log-probs) over all actions."""
+        out = self.head(self.network(observations, (), None)[0])
         if self.discrete:
             log_probs = F.log_softmax(out, dim=-1)
             return log_probs.exp(), log_probs
+        return self.squashed_sample(out, deterministic)
+
+    def squashed_sample(self, out: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """a = bias + scale * tanh(u), u ~ N(mean, std) (reparameterized), and log pi(a)."""
         mean, log_std = out.chunk(2, dim=-1)
         log_std = log_std.clamp(_LOG_STD_MIN, _LOG_STD_MAX)
         u = mean if deterministic else mean + log_std.exp() * torch.randn_like(mean)
@@ -66,59 +93,94 @@ class SacPolicy(nn.Module):
         return a * self.scale + self.bias, log_prob
 
     @torch.no_grad()
-    def act(self, observations: dict[str, torch.Tensor], deterministic: bool = False):
-        """What an actor calls: (actions, log-probs)."""
-        if self.discrete:
-            _, log_probs = self.sample(observations)
-            if deterministic:
-                actions = log_probs.argmax(-1)
-            else:
-                actions = torch.multinomial(log_probs.exp(), 1).squeeze(-1)
-            logp = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-        else:
-            actions, logp = self.sample(observations, deterministic)
-        return actions, logp
+    def act(self, observations: Observations, state: State = (), episode_start: torch.Tensor | None = None,
+            deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, State]:
+        """What an actor calls: (actions, log-probs, state)."""
+        obs, starts = one_step(observations, episode_start)
+        features, state = self.network(obs, state, starts)
+        out = self.head(features[0])
+        if not self.discrete:
+            actions, logp = self.squashed_sample(out, deterministic)
+            return actions, logp, state
+        log_probs = F.log_softmax(out, dim=-1)
+        actions = log_probs.argmax(-1) if deterministic else torch.multinomial(log_probs.exp(), 1).squeeze(-1)
+        return actions, log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1), state
+
+
+def critic_space(observation_space: gym.Space, action_space: gym.Space) -> gym.Space:
+    """What a critic sees: the observation, plus the action as one more key for Box actions."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return observation_space
+    keys = dict(observation_space.spaces) if isinstance(observation_space, gym.spaces.Dict) else {"obs": observation_space}
+    return gym.spaces.Dict({**keys, ACTION_KEY: action_space})
 
 
 class TwinCritic(nn.Module):
-    """Q1 and Q2: of (s, a) for Box actions, or of s for every Discrete action at once."""
+    """Q1 and Q2, each a policy network of the same config: of (s, a) for Box actions (the action one
+    more input key), or of s for every Discrete action at once."""
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden_sizes=(256, 256), activation: str = "relu"):
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, network: dict):
         super().__init__()
-        self.encoder = ObservationEncoder(observation_space)
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        n_in = self.encoder.out_dim + (0 if self.discrete else int(np.prod(action_space.shape)))
+        space = critic_space(observation_space, action_space)
         n_out = int(action_space.n) if self.discrete else 1
-        self.q1 = _mlp([n_in, *hidden_sizes, n_out], activation, 1.0)
-        self.q2 = _mlp([n_in, *hidden_sizes, n_out], activation, 1.0)
+        self.nets = nn.ModuleList(build_network(network, space) for _ in range(2))
+        self.heads = nn.ModuleList(linear(net.out_dim, n_out, 1.0) for net in self.nets)
 
-    def forward(self, observations: dict[str, torch.Tensor], actions: torch.Tensor | None = None):
-        x = self.encoder(observations)
+    def forward(self, observations: Observations, actions: torch.Tensor | None = None):
         if not self.discrete:
-            x = torch.cat([x, actions], dim=-1)
-            return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
-        return self.q1(x), self.q2(x)
+            observations = {**observations, ACTION_KEY: actions}
+        q1, q2 = (head(net(observations, (), None)[0]) for net, head in zip(self.nets, self.heads))
+        return (q1, q2) if self.discrete else (q1.squeeze(-1), q2.squeeze(-1))
 
 
-@dataclass(frozen=True)
-class SacHyperparameters:
-    lr: float = 1e-3
-    alpha_lr: float = 1e-3
-    gamma: float = 0.99
-    tau: float = 0.005
-    init_alpha: float = 1.0
-    target_entropy: float | None = None  # None: -|A| for Box, target_entropy_scale * log|A| for Discrete
-    target_entropy_scale: float = 0.5
+@dataclass
+class Sac(SacConfig, Algorithm):
+    """`algorithm=sac`: workers fill a replay buffer; the learner samples from it at `replay_ratio`."""
+
+    envs_per_actor = 8  # SAC makes one update per transition: a few envs keep its replay data fresh
+    network_defaults = {"activation": "relu"}
+
+    def build(self, parts: Components) -> Run:
+        if any(len(s) for s in _probe_state(parts)):
+            raise ConfigError("algorithm=sac takes feed-forward policy networks only (recurrent SAC is not supported)")
+        kwargs = {"network": parts.network}
+        policy = SacPolicy(parts.observation_space, parts.action_space, **kwargs)
+        learner = SacLearner(policy, self, parts.network, parts.device)
+        initial = self.initial_policy(parts) or RandomPolicy(parts.observation_space, parts.action_space)
+        # Envs one by one: no autoreset steps, so every step is a transition for the buffer (the
+        # replay ratio makes the learner, not env stepping, the bottleneck of off-policy training).
+        env_factory = getattr(parts.env_factory, "without_vectorization", lambda: parts.env_factory)()
+        actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps, env_factory=env_factory,
+                                   batch_size=self.rollouts_per_iteration, initial_policy=initial)
+        workers = BaseDistributedWorkersWithBuffer(
+            actors, parts.make_replay_buffer, batch_size=self.batch_size, initial_buffer_size=self.initial_buffer_size,
+            split_rollouts_into_transitions=self.split_rollouts_into_transitions,
+        )
+        # A sampler that overrides update_priorities wants the TD errors back (prioritized replay).
+        prioritized = type(workers.replay_buffer.sampler).update_priorities is not Sampler.update_priorities
+        blueprint = policy_blueprint(SacPolicy, parts.observation_space, parts.action_space, kwargs)
+        return Run(SacLoop(workers, learner, self.replay_ratio, prioritized), workers, learner, blueprint)
+
+    def initial_policy(self, parts: Components):
+        """The policy that fills the buffer before learning: None (uniform random), a checkpoint, or a `_target_`."""
+        from maze_cli.policies.blueprint import initial_sampling_policy
+
+        return initial_sampling_policy(self.initial_sampling_policy, parts.observation_space, parts.action_space, parts.load_policy)
+
+
+def _probe_state(parts: Components) -> State:
+    return build_network(parts.network, parts.observation_space).initial_state(1)
 
 
 class SacLearner:
     """Owns the actor, the twin critics and their targets, the entropy coefficient and the updates."""
 
-    def __init__(self, policy: SacPolicy, hp: SacHyperparameters, hidden_sizes=(256, 256), activation: str = "relu", device: str = "cpu"):
+    def __init__(self, policy: SacPolicy, hp: SacConfig, network: dict | None = None, device: str = "cpu"):
         self.policy = policy.to(device)
         self.hp = hp
         self.device = device
-        self.critic = TwinCritic(policy.observation_space, policy.action_space, hidden_sizes, activation).to(device)
+        self.critic = TwinCritic(policy.observation_space, policy.action_space, dict(network or mlp_network((256, 256), "relu"))).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.critic_params, self.critic_target_params = list(self.critic.parameters()), list(self.critic_target.parameters())
         self.log_alpha = torch.tensor(math.log(hp.init_alpha), device=device, requires_grad=True)
@@ -129,10 +191,33 @@ class SacLearner:
             self.target_entropy = hp.target_entropy_scale * math.log(int(space.n))
         else:
             self.target_entropy = -float(np.prod(space.shape))
-        self.policy_optimizer = Adam(self.policy.parameters(), lr=hp.lr)
-        self.critic_optimizer = Adam(self.critic.parameters(), lr=hp.lr)
-        self.alpha_optimizer = Adam([self.log_alpha], lr=hp.alpha_lr)
+        self.policy_params = list(self.policy.parameters())
+        self._optimizers: dict[str, torch.optim.Optimizer] = {}
         self.updates = 0
+
+    def _optimizer(self, name: str) -> torch.optim.Optimizer:
+        """Built on first use (see maze_cli.algorithms.optim for why)."""
+        if name not in self._optimizers:
+            params = {"policy": self.policy_params, "critic": self.critic_params, "alpha": [self.log_alpha]}[name]
+            self._optimizers[name] = adam(params, lr=self.hp.alpha_lr if name == "alpha" else self.hp.lr)
+        return self._optimizers[name]
+
+    @property
+    def policy_optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer("policy")
+
+    @property
+    def critic_optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer("critic")
+
+    @property
+    def alpha_optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer("alpha")
+
+    def warm_up(self) -> None:
+        """Build the optimizers now (train calls this once the workers are starting)."""
+        for name in ("policy", "critic", "alpha"):
+            self._optimizer(name)
 
     @property
     def alpha(self) -> float:
@@ -178,7 +263,7 @@ class SacLearner:
             entropy = -logp.detach()
             alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
         self.policy_optimizer.zero_grad()
-        policy_loss.backward(inputs=self.policy_optimizer.params)  # through Q into the actor only
+        policy_loss.backward(inputs=self.policy_params)  # through Q into the actor only
         self.policy_optimizer.step()
         self.alpha_optimizer.zero_grad()
         alpha_loss.backward()

@@ -1,7 +1,14 @@
-"""Replay buffers built from parts: preallocated tensor storage, a circular writer, a sampler.
+"""Replay buffers composed of parts: a `TensorStorage`, a `CircularWriter` and a `Sampler`.
 
-Storage is one tensor per field with a leading capacity dimension, so memory is known from the
-shapes alone (`nbytes`) and adding or sampling never creates a Python object per transition.
+The storage is one preallocated tensor per field, so memory is known from the shapes alone (`nbytes`)
+and adding or sampling never creates a Python object per transition; the writer decides which slots
+new items overwrite; the sampler decides which slots a batch reads and how much each counts. Each
+part keeps its own state, and the buffer's `state_dict` is theirs together, in tensors and plain
+Python values only, so a checkpoint loads with `torch.load(weights_only=True)`.
+
+`UniformReplayBuffer` and `PrioritizedReplayBuffer` are the `_target_`s of the packaged
+`replay_buffer` configs: Hydra builds them partially (capacity, seed, ...) and the workers supply
+`item_specs` once they know the shapes of a rollout.
 """
 
 from __future__ import annotations
@@ -9,145 +16,102 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from maze_cli.buffers.sum_tree import SumTree
+from maze_cli.buffers._checks import require_int
+from maze_cli.buffers.samplers import PrioritizedSampler, Sampler, UniformSampler
+from maze_cli.buffers.storage import TensorStorage
+from maze_cli.buffers.writer import CircularWriter
 from maze_cli.records import TensorSpec
 
 
-class UniformSampler:
-    """Every stored item equally likely."""
+class ReplayBuffer:
+    """A circular buffer of `capacity` items, each a dict of tensors of the shapes in `item_specs`,
+    sampled by `sampler`."""
 
-    def __init__(self, generator: np.random.Generator):
-        self.rng = generator
-
-    def on_add(self, indices: np.ndarray) -> None:
-        pass
-
-    def sample(self, n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.rng.integers(0, size, n), np.ones(n, dtype=np.float32)
-
-    def update_priorities(self, indices: np.ndarray, td_errors: np.ndarray) -> None:
-        pass
-
-    def state_dict(self) -> dict:
-        return {"rng": self.rng.bit_generator.state}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.rng.bit_generator.state = state["rng"]
-
-
-class PrioritizedSampler:
-    """Proportional prioritized replay (Schaul et al. 2016).
-
-    P(i) = p_i^alpha / sum_k p_k^alpha with p_i = |delta_i| + eps; new items get the largest
-    priority seen so far. Importance weights w_i = (N P(i))^-beta / max_j w_j (max over the batch),
-    with beta annealed linearly from `beta` to `beta_final` over `beta_anneal_samples` sample calls.
-    Sampling is stratified: one draw from each of n equal slices of the total priority mass.
-    """
-
-    def __init__(self, capacity: int, generator: np.random.Generator, alpha: float = 0.6, beta: float = 0.4,
-                 beta_final: float = 1.0, beta_anneal_samples: int = 100_000, eps: float = 1e-6):
-        self.rng = generator
-        self.tree = SumTree(capacity)
-        self.alpha, self.beta0, self.beta_final, self.anneal, self.eps = alpha, beta, beta_final, beta_anneal_samples, eps
-        self.max_priority = 1.0
-        self.calls = 0
+    def __init__(self, capacity: int, item_specs: dict[str, TensorSpec], sampler: Sampler):
+        capacity = require_int("capacity", capacity, minimum=1)
+        if not isinstance(sampler, Sampler):
+            raise TypeError(f"sampler must be a maze_cli.buffers.Sampler, got {type(sampler).__name__}")
+        sampler_capacity = getattr(sampler, "capacity", capacity)
+        if sampler_capacity != capacity:
+            raise ValueError(f"the sampler was built for capacity {sampler_capacity}, the buffer has {capacity}")
+        self.tensor_storage = TensorStorage(capacity, item_specs)
+        self.writer = CircularWriter(capacity)
+        self.sampler = sampler
+        self.capacity = self.writer.capacity
 
     @property
-    def beta(self) -> float:
-        frac = min(1.0, self.calls / max(1, self.anneal))
-        return self.beta0 + frac * (self.beta_final - self.beta0)
-
-    def on_add(self, indices: np.ndarray) -> None:
-        self.tree.update(indices, np.full(len(indices), self.max_priority**self.alpha))
-
-    def sample(self, n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
-        total = self.tree.total
-        bounds = np.linspace(0.0, total, n + 1)
-        draws = self.rng.uniform(bounds[:-1], bounds[1:])
-        indices = np.minimum(self.tree.find(draws), size - 1)
-        probs = self.tree[indices] / total
-        weights = (size * probs) ** (-self.beta)
-        self.calls += 1
-        return indices, (weights / weights.max()).astype(np.float32)
-
-    def update_priorities(self, indices: np.ndarray, td_errors: np.ndarray) -> None:
-        priorities = np.abs(td_errors) + self.eps
-        self.max_priority = max(self.max_priority, float(priorities.max()))
-        self.tree.update(indices, priorities**self.alpha)
-
-    def state_dict(self) -> dict:
-        return {"rng": self.rng.bit_generator.state, "tree": self.tree.tree.copy(), "max_priority": self.max_priority, "calls": self.calls}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.rng.bit_generator.state = state["rng"]
-        self.tree.tree[:] = state["tree"]
-        self.max_priority, self.calls = state["max_priority"], state["calls"]
-
-
-class ReplayBuffer:
-    """A circular buffer of `capacity` items, each a dict of tensors of the shapes in `item_specs`."""
-
-    def __init__(self, capacity: int, item_specs: dict[str, TensorSpec], sampler: UniformSampler | PrioritizedSampler):
-        if capacity < 1:
-            raise ValueError("capacity must be at least 1")
-        self.capacity = capacity
-        self.storage = {k: torch.zeros((capacity, *s.shape), dtype=s.dtype) for k, s in item_specs.items()}
-        self.sampler = sampler
-        self.next_index = 0
-        self.size = 0
-        self.added = 0
+    def storage(self) -> dict[str, torch.Tensor]:
+        """The storage's tensors by field, all `capacity` slots (filled or not)."""
+        return self.tensor_storage.tensors
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the storage (all preallocated)."""
-        return sum(t.element_size() * t.nelement() for t in self.storage.values())
+        return self.tensor_storage.nbytes
+
+    @property
+    def next_index(self) -> int:
+        """The slot the next item goes to."""
+        return self.writer.next_index
+
+    @property
+    def size(self) -> int:
+        """Items held now (at most `capacity`)."""
+        return self.writer.size
+
+    @property
+    def added(self) -> int:
+        """Items ever added, overwritten ones included."""
+        return self.writer.added
 
     def __len__(self) -> int:
-        return self.size
+        return self.writer.size
 
     def add(self, items: dict[str, torch.Tensor]) -> np.ndarray:
         """Append items (leading dimension N), overwriting the oldest once full; returns their indices."""
-        n = next(iter(items.values())).shape[0]
-        indices = (self.next_index + np.arange(n)) % self.capacity
-        index_tensor = torch.from_numpy(indices)
-        for key, tensor in self.storage.items():
-            tensor[index_tensor] = items[key]
-        self.next_index = int((self.next_index + n) % self.capacity)
-        self.size = min(self.capacity, self.size + n)
-        self.added += n
+        n = self.tensor_storage.count(items)
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        indices = self.writer.claim(n)
+        self.tensor_storage.write(indices, items)
         self.sampler.on_add(indices)
         return indices
 
     def sample(self, n: int) -> tuple[dict[str, torch.Tensor], np.ndarray, torch.Tensor]:
         """`n` items, their indices (to update priorities) and importance weights."""
-        if self.size == 0:
+        require_int("the number of items to sample", n, minimum=1)
+        if len(self) == 0:
             raise ValueError("cannot sample from an empty replay buffer")
-        indices, weights = self.sampler.sample(n, self.size)
-        index_tensor = torch.from_numpy(indices)
-        return {k: v[index_tensor] for k, v in self.storage.items()}, indices, torch.from_numpy(weights)
+        indices, weights = self.sampler.sample(n, len(self))
+        return self.tensor_storage.read(indices), indices, torch.from_numpy(weights)
 
     def update_priorities(self, indices: np.ndarray, td_errors: np.ndarray) -> None:
+        """The learner's TD errors of sampled items, for samplers that prioritize by them."""
         self.sampler.update_priorities(indices, td_errors)
 
     def state_dict(self) -> dict:
-        """Everything stored (only the filled part) and the sampler's state, for checkpoints."""
-        return {"storage": {k: v[: self.size].clone() for k, v in self.storage.items()}, "next_index": self.next_index,
-                "size": self.size, "added": self.added, "sampler": self.sampler.state_dict()}
+        """The filled part of the storage, the writer's position and the sampler's state, for checkpoints."""
+        return {"storage": self.tensor_storage.state_dict(len(self)), **self.writer.state_dict(),
+                "sampler": self.sampler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        for key, tensor in self.storage.items():
-            tensor[: state["size"]] = state["storage"][key]
-        self.next_index, self.size, self.added = state["next_index"], state["size"], state["added"]
+        self.writer.load_state_dict(state)
+        self.tensor_storage.load_state_dict(state["storage"])
         self.sampler.load_state_dict(state["sampler"])
 
 
-def make_replay_buffer(kind: str, capacity: int, item_specs: dict[str, TensorSpec], seed: int, **prioritized) -> ReplayBuffer:
-    """`kind` 'uniform' or 'prioritized' (with alpha, beta, beta_final, beta_anneal_samples, eps)."""
-    generator = np.random.default_rng(seed)
-    if kind == "uniform":
-        sampler: UniformSampler | PrioritizedSampler = UniformSampler(generator)
-    elif kind == "prioritized":
-        sampler = PrioritizedSampler(capacity, generator, **prioritized)
-    else:
-        raise ValueError(f"unknown replay buffer '{kind}'; use uniform or prioritized")
-    return ReplayBuffer(capacity, item_specs, sampler)
+class UniformReplayBuffer(ReplayBuffer):
+    """A replay buffer that samples every stored item with equal probability (weights all 1)."""
+
+    def __init__(self, capacity: int, item_specs: dict[str, TensorSpec], seed: int):
+        super().__init__(capacity, item_specs, UniformSampler(seed))
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """A replay buffer with proportional prioritized sampling; see `PrioritizedSampler` for the math."""
+
+    def __init__(self, capacity: int, item_specs: dict[str, TensorSpec], seed: int, alpha: float = 0.6,
+                 beta: float = 0.4, beta_final: float = 1.0, beta_anneal_samples: int = 100_000, eps: float = 1e-6):
+        sampler = PrioritizedSampler(capacity, seed, alpha=alpha, beta=beta, beta_final=beta_final,
+                                     beta_anneal_samples=beta_anneal_samples, eps=eps)
+        super().__init__(capacity, item_specs, sampler)

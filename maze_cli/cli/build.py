@@ -1,27 +1,24 @@
-"""Build the parts of a run from the validated settings, passing plain arguments down."""
+"""Build the parts of a run from the validated settings: each group's `_target_` with its arguments.
+
+The algorithm (`algorithm._target_`) receives the other groups as `Components` (the env, the policy
+network's config, factories for actors and replay buffer) and builds its run from them; nothing
+below this module reads the config.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
+import gymnasium as gym
 import torch
-from torch import nn
+from omegaconf import OmegaConf
 
-from maze_cli.cli.schema import ConfigError, Settings
-from maze_cli.envs.factory import EnvConfigError, EnvFactory
-from maze_cli.envs.spaces import UnsupportedSpaceError
-from maze_cli.parallel import (
-    BaseDistributedWorkersWithBuffer,
-    DistributedActors,
-    RayDistributedWorkersWithBuffer,
-    SequentialDistributedActors,
-    SequentialDistributedWorkersWithBuffer,
-    SubprocDistributedActors,
-    SubprocDistributedWorkersWithBuffer,
-)
+from maze_cli.algorithms.base import Algorithm, Components, Run
+from maze_cli.config.schema import Settings
+from maze_cli.envs.factory import EnvFactory
+from maze_cli.errors import ConfigError
 from maze_cli.seeding import derive_seed, derive_seeds
 
 
@@ -35,158 +32,99 @@ def check_device(device: str) -> None:
         raise ConfigError(f"device={device}: CUDA is not available on this machine; use device=cpu")
 
 
-def check_env(settings: Settings) -> tuple[EnvFactory, Any, Any]:
+def check_env(settings: Settings) -> tuple[EnvFactory, gym.Space, gym.Space]:
     """Build one env in this process (before any actor starts) and return the factory and spaces."""
-    try:
-        factory = EnvFactory(settings.env)
-        observation_space, action_space = factory.check()
-    except (EnvConfigError, UnsupportedSpaceError) as err:
-        raise ConfigError(str(err)) from None
+    factory = EnvFactory(settings.env)
+    observation_space, action_space = factory.check()
     return factory, observation_space, action_space
 
 
-@dataclass
-class PolicyBlueprint:
-    """How to rebuild a policy anywhere (stored in checkpoints): a class path and its arguments."""
+def _target_and_arguments(section: str, config: Any) -> tuple[Any, dict[str, Any]]:
+    """The class a group's config names, and the config's other keys as plain arguments."""
+    from hydra.utils import get_object
 
-    cls: str
-    kwargs: dict[str, Any]
-
-    def build(self) -> nn.Module:
-        import importlib
-
-        module, _, name = self.cls.rpartition(".")
-        return getattr(importlib.import_module(module), name)(**self.kwargs)
-
-
-@dataclass
-class Run:
-    """Everything the trainer drives: the algorithm's loop, the actors/workers to start and stop,
-    the learner (for checkpoints) and the blueprint of the policy the actors act with."""
-
-    loop: Any
-    runner: DistributedActors | BaseDistributedWorkersWithBuffer
-    learner: Any
-    blueprint: PolicyBlueprint
-
-
-def build_run(settings: Settings, env_factory: EnvFactory, observation_space, action_space) -> Run:
-    if settings.algorithm.name == "sac":
-        return _build_sac(settings, env_factory, observation_space, action_space)
-    return _build_impala(settings, env_factory, observation_space, action_space)
-
-
-def _actor_seeds(settings: Settings) -> dict[str, list[int]]:
-    r, seed = settings.runner, settings.train.seed
-    return {
-        "env": r.actor_env_seeds or derive_seeds(seed, "actor_env", r.n_actors),
-        "agent": r.actor_agent_seeds or derive_seeds(seed, "actor_agent", r.n_actors),
-    }
-
-
-def _backend_kwargs(settings: Settings) -> dict[str, Any]:
-    """The runner's own options, as its DistributedActors class takes them."""
-    r = settings.runner
-    failures = {"max_restarts": r.max_restarts, "rollout_timeout_s": r.rollout_timeout_s}
-    if r.name == "ray":
-        return _ray_kwargs(settings) | failures
-    if r.name == "subproc":
-        return {"queue_out_of_sync_factor": r.queue_out_of_sync_factor, "start_method": r.start_method} | failures
-    return failures
-
-
-def _ray_kwargs(settings: Settings) -> dict[str, Any]:
-    r = settings.runner
-    return {
-        "address": r.address, "num_cpus_per_actor": r.num_cpus_per_actor, "num_gpus_per_actor": r.num_gpus_per_actor,
-        "resources": dict(r.resources or {}), "max_in_flight_per_actor": r.max_in_flight_per_actor,
-    }
-
-
-def _hp(cls: type, config: Any) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in dataclasses.asdict(config).items() if k in names})
-
-
-def _build_impala(settings: Settings, env_factory: EnvFactory, observation_space, action_space) -> Run:
-    from maze_cli.algorithms.impala import ImpalaHyperparameters, ImpalaLearner, ImpalaLoop
-
-    p, r = settings.policy, settings.runner
-    blueprint = PolicyBlueprint(
-        "maze_cli.policies.actor_critic.ActorCritic",
-        dict(observation_space=observation_space, action_space=action_space, hidden_sizes=tuple(p.hidden_sizes),
-             activation=p.activation or "tanh", shared_torso=p.shared_torso),
-    )
-    learner = ImpalaLearner(blueprint.build(), _hp(ImpalaHyperparameters, settings.algorithm), settings.train.device)
-    seeds = _actor_seeds(settings)
-    common = dict(
-        env_factory=env_factory, policy=learner.policy, n_rollout_steps=settings.algorithm.n_rollout_steps,
-        n_actors=r.n_actors, batch_size=r.batch_size, envs_per_actor=r.envs_per_actor,
-        actor_env_seeds=seeds["env"], actor_agent_seeds=seeds["agent"],
-    )
-    if r.name == "sequential":
-        actors: DistributedActors = SequentialDistributedActors(**common, **_backend_kwargs(settings))
-    elif r.name == "ray":
-        from maze_cli.parallel.ray_backend import RayDistributedActors
-
-        actors = RayDistributedActors(**common, **_backend_kwargs(settings))
-    else:
-        actors = SubprocDistributedActors(**common, **_backend_kwargs(settings))
-    return Run(ImpalaLoop(actors, learner), actors, learner, blueprint)
-
-
-def initial_sampling_policy(spec: Any, observation_space, action_space) -> nn.Module | None:
-    """None or 'random': uniform random (None lets the workers default to it); a checkpoint path;
-    or a mapping with `_target_` called with the spaces and its other keys."""
-    if spec is None or spec == "random":
-        return None
-    if isinstance(spec, str):
-        from maze_cli.checkpoint import load_policy
-
-        path = Path(spec)
-        if not path.is_file():
-            raise ConfigError(f"algorithm.initial_sampling_policy={spec}: no such checkpoint file")
-        return load_policy(path)
-    if isinstance(spec, dict) and "_target_" in spec:
-        from hydra.utils import instantiate
-
-        return instantiate(spec, observation_space=observation_space, action_space=action_space, _convert_="all")
-    raise ConfigError(
-        f"algorithm.initial_sampling_policy={spec}: use null (uniform random), a checkpoint path, or a mapping with _target_"
-    )
-
-
-def _build_sac(settings: Settings, env_factory: EnvFactory, observation_space, action_space) -> Run:
-    from maze_cli.algorithms.sac import SacHyperparameters, SacLearner, SacLoop
-
-    a, p, r, rb = settings.algorithm, settings.policy, settings.runner, settings.replay_buffer
-    activation = p.activation or "relu"
-    blueprint = PolicyBlueprint(
-        "maze_cli.algorithms.sac.SacPolicy",
-        dict(observation_space=observation_space, action_space=action_space, hidden_sizes=tuple(p.hidden_sizes),
-             activation=activation),
-    )
+    arguments = OmegaConf.to_container(config, resolve=True) if OmegaConf.is_config(config) else dict(config)
+    target = arguments.pop("_target_")
     try:
-        policy = blueprint.build()
-    except UnsupportedSpaceError as err:
-        raise ConfigError(str(err)) from None
-    learner = SacLearner(policy, _hp(SacHyperparameters, a), tuple(p.hidden_sizes), activation, settings.train.device)
-    seeds = _actor_seeds(settings)
-    prioritized = {k: v for k, v in dataclasses.asdict(rb).items() if k not in ("name", "capacity", "seed")}
-    common = dict(
-        env_factory=env_factory, worker_policy=learner.policy, n_rollout_steps=a.n_rollout_steps, n_workers=r.n_actors,
-        batch_size=a.batch_size, rollouts_per_iteration=a.rollouts_per_iteration,
-        initial_sampling_policy=initial_sampling_policy(a.initial_sampling_policy, observation_space, action_space),
-        replay_buffer_size=rb.capacity, initial_buffer_size=a.initial_buffer_size,
-        split_rollouts_into_transitions=a.split_rollouts_into_transitions, env_instance_seeds=seeds["env"],
-        replay_buffer_seed=rb.seed if rb.seed is not None else derive_seed(settings.train.seed, "replay_buffer"),
-        envs_per_worker=r.envs_per_actor, worker_agent_seeds=seeds["agent"], replay_buffer=rb.name,
-        prioritized=prioritized if rb.name == "prioritized" else None, backend_options=_backend_kwargs(settings),
+        return get_object(target), arguments
+    except Exception as err:  # noqa: BLE001 - validation already imported it once; this is belt and braces
+        raise ConfigError(f"{section}._target_={target}: cannot import it ({type(err).__name__}: {err})") from None
+
+
+def _construct(section: str, cls: Any, **arguments: Any) -> Any:
+    """`cls(**arguments)`, with a wrong argument reported as the group's config problem."""
+    try:
+        return cls(**arguments)
+    except TypeError as err:
+        if "argument" not in str(err):
+            raise
+        raise ConfigError(f"{section}: {cls.__module__}.{cls.__qualname__} cannot be built from its config: {err}") from None
+
+
+def trusted_targets(config: dict[str, Any]) -> frozenset[str]:
+    """Every class the user named in the run's config: checkpoints may ask for these."""
+    from maze_cli.policies.blueprint import targets_in
+
+    return frozenset(targets_in(config))
+
+
+def build_run(settings: Settings, env_factory: EnvFactory, observation_space: gym.Space, action_space: gym.Space,
+              trusted: Iterable[str] = (), trust_checkpoint: bool = False) -> Run:
+    """The algorithm, built with every other group's component."""
+    cls, hyperparameters = _target_and_arguments("algorithm", settings.algorithm)
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise ConfigError(f"algorithm._target_={settings.algorithm._target_}: not an algorithm class (a subclass of maze_cli.algorithms.base.Algorithm)")
+    algorithm = _construct("algorithm", cls, **hyperparameters)
+    seed = settings.train.seed
+    trusted = frozenset(trusted)
+
+    def load_policy(path: str, where: str):
+        from maze_cli.checkpoint import load_policy as load
+        from maze_cli.policies.blueprint import check_spaces
+
+        policy = load(Path(path), trusted, trust_checkpoint, where)
+        check_spaces(policy, observation_space, action_space, where)
+        return policy
+
+    parts = Components(
+        env_factory=env_factory, observation_space=observation_space, action_space=action_space,
+        network=_network_config(settings, algorithm), make_actors=_actors_factory(settings, algorithm, env_factory),
+        make_replay_buffer=_replay_buffer_factory(settings), device=settings.train.device, seed=seed, load_policy=load_policy,
     )
-    if r.name == "sequential":
-        workers: BaseDistributedWorkersWithBuffer = SequentialDistributedWorkersWithBuffer(**common)
-    elif r.name == "ray":
-        workers = RayDistributedWorkersWithBuffer(**common)
-    else:
-        workers = SubprocDistributedWorkersWithBuffer(**common)
-    return Run(SacLoop(workers, learner, a.replay_ratio, rb.name == "prioritized"), workers, learner, blueprint)
+    return algorithm.build(parts)
+
+
+def _network_config(settings: Settings, algorithm: Algorithm) -> dict[str, Any]:
+    """The policy group's config with the algorithm's choices where it left null (e.g. activation)."""
+    network = OmegaConf.to_container(settings.policy, resolve=True)
+    for key, value in algorithm.network_defaults.items():
+        if key in network and network[key] is None:
+            network[key] = value
+    return network
+
+
+def _actors_factory(settings: Settings, algorithm: Algorithm, env_factory: EnvFactory):
+    """`make_actors(policy=..., n_rollout_steps=..., **overrides)` for the runner group's class."""
+    cls, options = _target_and_arguments("runner", settings.runner)
+    seed = settings.train.seed
+    n_actors = options.get("n_actors", 1)
+    if "envs_per_actor" in options and options["envs_per_actor"] is None:
+        options["envs_per_actor"] = algorithm.envs_per_actor
+    if options.get("actor_env_seeds", 0) is None:
+        options["actor_env_seeds"] = derive_seeds(seed, "actor_env", n_actors)
+    if options.get("actor_agent_seeds", 0) is None:
+        options["actor_agent_seeds"] = derive_seeds(seed, "actor_agent", n_actors)
+
+    def make_actors(**arguments: Any):
+        return _construct("runner", cls, **({"env_factory": env_factory} | options | arguments))
+
+    return make_actors
+
+
+def _replay_buffer_factory(settings: Settings):
+    """`make_replay_buffer(item_specs=...)` for the replay_buffer group's class, its seed derived
+    from the master seed where the config left it null."""
+    cls, options = _target_and_arguments("replay_buffer", settings.replay_buffer)
+    if options.get("seed", 0) is None:
+        options["seed"] = derive_seed(settings.train.seed, "replay_buffer")
+    return functools.partial(_construct, "replay_buffer", cls, **options)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from maze_cli.cli.schema import SCHEMAS, ConfigError, known_keys, suggest
+from maze_cli.config.schema import expected_type, known_keys, suggest
+from maze_cli.errors import MazeCliError
 
-USER_ERRORS = (ConfigError, ConfigCompositionException, MissingConfigException, OverrideParseException)
+HYDRA_INPUT_ERRORS = (ConfigCompositionException, MissingConfigException, OverrideParseException)
 
 
 def _first_line(text: str) -> str:
@@ -31,9 +34,7 @@ def _unknown_key(full_key: str, argv: list[str]) -> str:
 
 def explain(err: BaseException, argv: list[str]) -> str | None:
     """A one-line message for a user error, or None for anything else (a real crash)."""
-    if isinstance(err, ConfigError):
-        return str(err)
-    if type(err).__name__ in ("ActorFailure", "ActorsNotPlaced", "TrainingDiverged"):  # by name: importing them would load torch
+    if isinstance(err, MazeCliError):
         return str(err)
     if isinstance(err, MissingConfigException):
         group, _, name = str(err.missing_cfg_file or "").rpartition("/")
@@ -44,9 +45,16 @@ def explain(err: BaseException, argv: list[str]) -> str | None:
     if isinstance(err, OverrideParseException):
         return f"cannot parse the override '{err.override}': {_first_line(err.message)}"
     if isinstance(err, ConfigCompositionException):
-        cause = err.__cause__
+        cause = err.__cause__ or err.__context__
         if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.full_key:
             return _unknown_key(str(cause.full_key), argv)
+        if isinstance(cause, ConfigKeyError) and str(err).startswith("In '"):  # a config file's own key
+            where = str(err).split("'")[1]
+            return (f"{where}: {_first_line(cause.msg)} (a config that extends a packaged schema takes only its keys; "
+                    f"drop the schema from its defaults list to pass your class's own arguments)")
+        if isinstance(cause, ValidationError) and cause.full_key and dataclasses.is_dataclass(cause.object_type):
+            shown = "" if cause.value is None else f"={cause.value}"
+            return f"{cause.full_key}{shown}: expected {expected_type(cause.object_type, str(cause.key))}"
         if isinstance(cause, OmegaConfBaseException):
             key = getattr(cause, "full_key", None)
             return f"{key}: {_first_line(cause.msg)}" if key else _first_line(str(cause))
@@ -56,4 +64,6 @@ def explain(err: BaseException, argv: list[str]) -> str | None:
 
 def exit_code(err: BaseException) -> int:
     """2 for bad input, 1 for a failure while running."""
-    return 2 if isinstance(err, USER_ERRORS) else 1
+    if isinstance(err, MazeCliError):
+        return err.exit_code
+    return 2 if isinstance(err, HYDRA_INPUT_ERRORS) else 1

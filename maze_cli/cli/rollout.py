@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 from omegaconf import MISSING, OmegaConf
 
-from maze_cli.cli.schema import ConfigError, _f, validate_section
+from maze_cli.config.schema import _f, validate_section
+from maze_cli.errors import ConfigError, MazeCliError
 
 
 @dataclass
@@ -24,11 +25,14 @@ class RolloutConfig:
     deterministic: bool = True  # the policy's most likely action (false: sample)
     render: bool = False  # write a GIF of the first episode
     render_path: Optional[str] = None  # default: rollout.gif beside the run's checkpoints dir
+    allow: List[str] = field(default_factory=list)  # classes (import paths) the checkpoint may build besides maze_cli's own
+    trust_checkpoint: bool = False  # the checkpoint may name any class and hold pickled objects: runs code from it
 
 
 def _parse(argv: list[str]) -> RolloutConfig:
     if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\nkeys: checkpoint (required), episodes=10, seed=0, deterministic=true, render=false, render_path")
+        print(__doc__.strip() + "\n\nkeys: checkpoint (required), episodes=10, seed=0, deterministic=true, render=false, render_path, "
+              "allow=[] (classes the checkpoint may build besides maze_cli's), trust_checkpoint=false (true runs code from the file)")
         sys.exit(0)
     bad = [a for a in argv if "=" not in a]
     if bad:
@@ -47,18 +51,24 @@ def _save_gif(frames: list, path: Path) -> None:
 def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     from maze_cli.checkpoint import load_checkpoint, load_policy
     from maze_cli.envs.factory import EnvFactory
+    from maze_cli.errors import CheckpointError
     from maze_cli.evaluation import run_episodes
+    from maze_cli.policies.blueprint import check_spaces
     from maze_cli.seeding import derive_seeds
 
     path = Path(cfg.checkpoint)
-    if not path.is_file():
-        raise ConfigError(f"checkpoint={cfg.checkpoint}: no such file")
-    try:
-        payload = load_checkpoint(path)
-        env_config = payload["config"]["env"]
-        policy = load_policy(path)
-    except Exception as err:
-        raise ConfigError(f"checkpoint={cfg.checkpoint}: not a maze_cli checkpoint ({type(err).__name__}: {err})") from None
+    where = f"checkpoint={cfg.checkpoint}"
+    payload = load_checkpoint(path, cfg.trust_checkpoint, where)
+    env_config = (payload.get("config") or {}).get("env")
+    if not isinstance(env_config, dict):
+        raise CheckpointError(f"{where}: the checkpoint names no env (config.env)")
+    env_target = env_config.get("_target_")
+    if env_target is not None and env_target not in cfg.allow and not cfg.trust_checkpoint:
+        raise CheckpointError(f"{where}: its env is built by '{env_target}', a callable the checkpoint names; refused. "
+                              f"Allow it by name with allow=[{env_target}], or trust_checkpoint=true (runs code from the file)")
+    policy = load_policy(path, cfg.allow, cfg.trust_checkpoint, where)
+    observation_space, action_space = EnvFactory(env_config).check()
+    check_spaces(policy, observation_space, action_space, where)
     seeds = derive_seeds(cfg.seed, "rollout_env", cfg.episodes)
     returns, lengths = run_episodes(EnvFactory(env_config), policy, seeds, cfg.deterministic)
     mean = sum(returns) / len(returns)
@@ -90,9 +100,9 @@ def main() -> None:
     """Console script `rollout`."""
     try:
         run_rollout(_parse(sys.argv[1:]))
-    except ConfigError as err:
+    except MazeCliError as err:
         print(f"rollout: error: {err}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(err.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
 

@@ -17,10 +17,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from maze_cli.cli.errors import explain, exit_code
-from maze_cli.cli.schema import ConfigError, validate
 from maze_cli.cli.paths import config_dir
+from maze_cli.config.schema import register_configs, validate
+from maze_cli.errors import ConfigError, MazeCliError
 
 log = logging.getLogger("maze_cli")
+register_configs()  # the schemas the packaged YAML files extend (also in sweep workers, which import this)
 
 
 def _env_options() -> list[str]:
@@ -32,10 +34,10 @@ def _env_options() -> list[str]:
 
 # Keys a resumed run may change; everything else comes from the run's saved config.
 RESUMABLE_KEYS = {"max_env_steps", "max_time_s", "target_return", "target_window", "epoch_length", "eval", "checkpoint",
-                  "device", "torch_threads", "resume"}
+                  "device", "torch_threads", "resume", "trust_checkpoint"}
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(MazeCliError, RuntimeError):
     """A NaN or infinite loss stopped the run; the message names the epoch and the last good checkpoint."""
 
 
@@ -68,7 +70,7 @@ def run_train(cfg: DictConfig) -> dict:
     if cfg.get("resume"):
         cfg = _resumed_config(cfg)
     settings = validate(cfg, _env_options())
-    if settings.runner.name == "subproc":
+    if "start_method" in settings.runner:
         # Before torch is imported here: the forkserver loads it on the other core meanwhile.
         from maze_cli.start_methods import warm_up_start_method
 
@@ -79,7 +81,7 @@ def run_train(cfg: DictConfig) -> dict:
     import torch
 
     from maze_cli.checkpoint import Checkpointer
-    from maze_cli.cli.build import build_run, check_device, check_env
+    from maze_cli.cli.build import build_run, check_device, check_env, trusted_targets
     from maze_cli.envs.spaces import describe_space
     from maze_cli.evaluation import Evaluator
     from maze_cli.seeding import derive_seed, derive_seeds, seed_everything
@@ -94,26 +96,30 @@ def run_train(cfg: DictConfig) -> dict:
     torch.set_num_threads(t.torch_threads)
     env_factory, observation_space, action_space = check_env(settings)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    config = OmegaConf.to_container(cfg, resolve=True)
 
     seed_everything(derive_seed(t.seed, "learner"))
-    run = build_run(settings, env_factory, observation_space, action_space)
+    run = build_run(settings, env_factory, observation_space, action_space, trusted_targets(config), t.trust_checkpoint)
     evaluator = Evaluator(env_factory, t.eval.episodes, derive_seeds(t.seed, "eval_env", t.eval.episodes), t.device)
     budget = Budget(t.max_env_steps, t.max_time_s, t.target_return, t.target_window, t.epoch_length)
     writers = [ConsoleTable(), JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")]
     trainer = Trainer(run.loop, budget, writers, evaluate=lambda: evaluator(run.learner.policy), eval_interval=t.eval.interval)
-    checkpointer = Checkpointer(run_dir / "checkpoints", run, trainer, OmegaConf.to_container(cfg, resolve=True),
-                                t.checkpoint.interval, t.checkpoint.replay_buffer)
+    checkpointer = Checkpointer(run_dir / "checkpoints", run, trainer, config, t.checkpoint.interval, t.checkpoint.replay_buffer)
     trainer.on_epoch_end = checkpointer.on_epoch_end
     if t.resume:
-        checkpointer.restore()
+        checkpointer.restore(t.trust_checkpoint)
         log.info(f"resumed {run_dir} at epoch {trainer.epoch}, {trainer.env_steps:,} env steps")
     log.info(f"run dir: {run_dir}")
+    actors = getattr(run.runner, "actors", run.runner)  # workers with a buffer wrap their actors
     log.info(
         f"env {env_factory.describe()}: observations {describe_space(observation_space)}, actions {describe_space(action_space)}; "
-        f"{settings.algorithm.name} with {settings.runner.name} runner, {settings.runner.n_actors} actors x {settings.runner.envs_per_actor} envs"
+        f"{_short(settings.algorithm._target_)} with {_short(settings.runner._target_)}, "
+        f"{actors.n_actors} actors x {actors.envs_per_actor} envs"
     )
     try:
         with run.runner:
+            if hasattr(run.learner, "warm_up"):
+                run.learner.warm_up()  # overlaps with the actors' start-up
             if t.resume:
                 run.runner.broadcast_updated_policy(run.learner.policy.state_dict())
             result = trainer.run()
@@ -134,6 +140,10 @@ def run_train(cfg: DictConfig) -> dict:
         write_learning_curve(run_dir)
     checkpointer.save_last(result.stop_reason)
     return {"stop_reason": result.stop_reason, "env_steps": result.env_steps, "time_s": result.time_s}
+
+
+def _short(target: str) -> str:
+    return target.rsplit(".", 1)[-1]
 
 
 _FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"

@@ -1,4 +1,9 @@
-"""The config schema as dataclasses: checked (types, ranges, unknown keys) before anything starts.
+"""The config schema as dataclasses: the one source of every default, checked before anything starts.
+
+Every option of a component group (algorithm, policy, runner, replay_buffer) is a dataclass whose
+`_target_` names the class Hydra's `instantiate` builds and whose other fields are that class's
+arguments. They are registered in Hydra's ConfigStore (`register_configs`); the packaged YAML files
+extend them through their defaults list and hold only what differs.
 
 Each field may carry range metadata (`gt`, `ge`, `le`, `choices`); `validate_section` enforces it
 and turns every failure into a `ConfigError` naming the key and what is allowed. Nothing here
@@ -18,9 +23,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
 
-
-class ConfigError(ValueError):
-    """A config value that cannot run; the message names the key and what is allowed."""
+from maze_cli.errors import ConfigError
 
 
 def _f(default: Any = dataclasses.MISSING, **limits: Any) -> Any:
@@ -56,12 +59,32 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resume: Optional[str] = None
+    trust_checkpoint: bool = False  # load checkpoints as pickled objects: runs code from the file
+
+
+@dataclass
+class TrainRootConfig(TrainConfig):
+    """The composed config of `train`: the top-level keys plus one node per group (filled by the
+    groups' own schemas). `conf/train.yaml` extends it and picks the groups' defaults."""
+
+    env: Any = None  # not in the defaults list: `+env=<name>`
+    algorithm: Any = None
+    policy: Any = None
+    runner: Any = None
+    replay_buffer: Any = None
+
+
+# -- algorithm ------------------------------------------------------------------------------------
+# The algorithm classes subclass these (maze_cli.algorithms.impala.Impala(ImpalaConfig, Algorithm)),
+# so a hyperparameter's default is written here and nowhere else.
 
 
 @dataclass
 class ImpalaConfig:
-    name: str = "impala"
-    lr: float = _f(1e-3, gt=0)
+    """IMPALA with V-trace (Espeholt et al. 2018)."""
+
+    _target_: str = "maze_cli.algorithms.impala.Impala"
+    lr: float = _f(1e-3, gt=0)  # at 3e-3 the CartPole policy collapsed in 3 seeds of 20
     gamma: float = _f(0.99, ge=0, le=1)
     n_rollout_steps: int = _f(32, ge=1)
     rho_bar: float = _f(1.0, gt=0)
@@ -70,11 +93,14 @@ class ImpalaConfig:
     entropy_coef: float = _f(0.01, ge=0)
     max_grad_norm: float = _f(0.5, gt=0)
     adam_eps: float = _f(1e-5, gt=0)
+    shared_network: bool = False  # one policy network for the action and value heads (true) or one each
 
 
 @dataclass
 class SacConfig:
-    name: str = "sac"
+    """SAC (Haarnoja et al. 2018); discrete actions as in Christodoulou (2019)."""
+
+    _target_: str = "maze_cli.algorithms.sac.Sac"
     lr: float = _f(1e-3, gt=0)
     alpha_lr: float = _f(1e-3, gt=0)
     gamma: float = _f(0.99, ge=0, le=1)
@@ -91,16 +117,17 @@ class SacConfig:
     split_rollouts_into_transitions: bool = True
 
 
+# -- replay_buffer ----------------------------------------------------------------------------------
 @dataclass
 class UniformReplayConfig:
-    name: str = "uniform"
+    _target_: str = "maze_cli.buffers.UniformReplayBuffer"
     capacity: int = _f(1_000_000, ge=1)
-    seed: Optional[int] = _f(None, ge=0)
+    seed: Optional[int] = _f(None, ge=0)  # None: derived from the master seed
 
 
 @dataclass
 class PrioritizedReplayConfig(UniformReplayConfig):
-    name: str = "prioritized"
+    _target_: str = "maze_cli.buffers.PrioritizedReplayBuffer"
     alpha: float = _f(0.6, ge=0)
     beta: float = _f(0.4, ge=0, le=1)
     beta_final: float = _f(1.0, ge=0, le=1)
@@ -108,17 +135,20 @@ class PrioritizedReplayConfig(UniformReplayConfig):
     eps: float = _f(1e-6, gt=0)
 
 
+# -- policy -----------------------------------------------------------------------------------------
 @dataclass
 class MlpPolicyConfig:
-    name: str = "mlp"
+    """The policy network: each algorithm puts its heads (action distribution, value, Q) on top."""
+
+    _target_: str = "maze_cli.policies.mlp.MlpNetwork"
     hidden_sizes: List[int] = _f([64, 64], ge=1)
     activation: Optional[str] = _f(None, choices=("tanh", "relu", "elu"))  # None: the algorithm's choice
-    shared_torso: bool = False
 
 
+# -- runner -----------------------------------------------------------------------------------------
 @dataclass
 class SequentialRunnerConfig:
-    name: str = "sequential"
+    _target_: str = "maze_cli.parallel.SequentialDistributedActors"
     n_actors: int = _f(2, ge=1)
     envs_per_actor: Optional[int] = _f(None, ge=1)  # None: the algorithm's choice
     batch_size: int = _f(2, ge=1)
@@ -130,27 +160,40 @@ class SequentialRunnerConfig:
 
 @dataclass
 class SubprocRunnerConfig(SequentialRunnerConfig):
-    name: str = "subproc"
+    _target_: str = "maze_cli.parallel.SubprocDistributedActors"
     queue_out_of_sync_factor: float = _f(1.0, gt=0)
     start_method: Optional[str] = _f(None, choices=("forkserver", "spawn", "fork"))
 
 
 @dataclass
 class RayRunnerConfig(SequentialRunnerConfig):
-    name: str = "ray"
+    _target_: str = "maze_cli.parallel.ray_backend.RayDistributedActors"
     address: Optional[str] = None
     num_cpus_per_actor: float = _f(1.0, ge=0)
     num_gpus_per_actor: float = _f(0.0, ge=0)
-    resources: Optional[Dict[str, float]] = None
+    resources: Any = None  # custom Ray resources each actor needs: {name: amount} (Any: checked by _check_resources)
     max_in_flight_per_actor: int = _f(2, ge=1)
 
 
+# The packaged options of each group: registered in Hydra's ConfigStore as `<group>/<option>_schema`,
+# which the YAML file `conf/<group>/<option>.yaml` extends.
 SCHEMAS: dict[str, dict[str, type]] = {
     "algorithm": {"impala": ImpalaConfig, "sac": SacConfig},
     "policy": {"mlp": MlpPolicyConfig},
     "runner": {"sequential": SequentialRunnerConfig, "subproc": SubprocRunnerConfig, "ray": RayRunnerConfig},
     "replay_buffer": {"uniform": UniformReplayConfig, "prioritized": PrioritizedReplayConfig},
 }
+
+
+def register_configs() -> None:
+    """Put every schema into Hydra's ConfigStore (idempotent; called before composing)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=TrainRootConfig)
+    for group, options in SCHEMAS.items():
+        for option, schema in options.items():
+            store.store(group=group, name=f"{option}_schema", node=schema)
 
 
 def known_keys(section: str | None) -> list[str]:
@@ -183,7 +226,7 @@ def _type_name(tp: Any) -> str:
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
 
 
-def _expected(schema: type, path: str) -> str:
+def expected_type(schema: type, path: str) -> str:
     """What the schema wants at a dotted path, in words."""
     tp: Any = schema
     for part in path.split("."):
@@ -231,7 +274,7 @@ def validate_section(schema: type, values: DictConfig | dict, prefix: str, what:
         if isinstance(err, ConfigKeyError):
             raise ConfigError(f"{prefix}{path}: unknown key{suggest(path.split('.')[-1], known_keys(path.split('.')[0]))}") from None
         shown = "" if err.value is None else f"={err.value}"
-        raise ConfigError(f"{prefix}{path}{shown}: expected {_expected(schema, path)}") from None
+        raise ConfigError(f"{prefix}{path}{shown}: expected {expected_type(schema, path)}") from None
     _check_all_limits(instance, prefix)
     return instance
 
@@ -245,15 +288,61 @@ def _check_all_limits(instance: Any, prefix: str) -> None:
             _check_limits(prefix, f.name, value, dict(f.metadata))
 
 
-def validate_group(section: str, values: DictConfig) -> Any:
-    """Validate one config group (algorithm, policy, runner) against the schema its `name` selects."""
+def validate_group(section: str, values: DictConfig) -> DictConfig:
+    """Validate one component group (algorithm, policy, runner, replay_buffer) and return it resolved.
+
+    A packaged option (its YAML extends a registered schema) is checked against the schema: types,
+    ranges, unknown keys. A user's own option (a YAML file with a `_target_` of its own) is checked
+    against the signature of the class it names, so a misspelt key fails here, not in a subprocess."""
     if not isinstance(values, (DictConfig, dict)):
         raise ConfigError(f"{section}: expected a config group, got {values!r}; choose one with {section}=<name>")
-    options = SCHEMAS[section]
-    name = values.get("name")
-    if name not in options:
-        raise ConfigError(f"{section}.name={name}: unknown {section}; available: {', '.join(options)}")
-    return validate_section(options[name], values, f"{section}.", f"{section} '{name}'")
+    target = values.get("_target_")
+    if not target:
+        raise ConfigError(f"{section}: its config has no _target_; name the class to build, e.g. {section}._target_=my_pkg.MyClass")
+    schema = OmegaConf.get_type(values) if isinstance(values, DictConfig) else None
+    if not (dataclasses.is_dataclass(schema) and target == _default_target(schema)):
+        # e.g. a saved config.yaml (resume), or a user's file naming a packaged class without its schema
+        schema = next((s for s in SCHEMAS[section].values() if _default_target(s) == target), None)
+    if schema is not None:
+        instance = validate_section(schema, values, f"{section}.", f"{section} {target}")
+        return OmegaConf.create(dataclasses.asdict(instance))
+    resolved = OmegaConf.create(OmegaConf.to_container(values, resolve=True) if isinstance(values, DictConfig) else values)
+    check_arguments(section, resolved)
+    return resolved
+
+
+def _default_target(schema: type) -> str | None:
+    field_ = {f.name: f for f in dataclasses.fields(schema)}.get("_target_")
+    return None if field_ is None else field_.default
+
+
+def check_arguments(section: str, values: DictConfig | dict, passed: tuple[str, ...] = ()) -> None:
+    """The class named by `_target_` exists and accepts every other key (plus `passed`, the
+    arguments maze_cli supplies itself, such as the spaces)."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    target = values["_target_"]
+    try:
+        obj = get_object(target)
+    except Exception as err:  # noqa: BLE001 - an import error of any kind is the user's to fix
+        cause = err.__cause__ or err
+        raise ConfigError(f"{section}._target_={target}: cannot import it ({type(cause).__name__}: {_first_line(cause)})") from None
+    try:
+        parameters = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    names = [n for n, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL and n != "self"]
+    for key in values:
+        if key != "_target_" and key not in names:
+            raise ConfigError(f"{section}.{key}: unknown key{suggest(str(key), names)}; {target} takes: {', '.join(names)}")
+
+
+def _first_line(err: BaseException) -> str:
+    return next((line.strip() for line in str(err).splitlines() if line.strip()), "")
 
 
 class NoEnvError(ConfigError):
@@ -266,14 +355,15 @@ class NoEnvError(ConfigError):
 
 @dataclass
 class Settings:
-    """The validated config of a run, as plain typed objects."""
+    """The validated config of a run: the top level as a typed object, every group as a resolved
+    config whose `_target_` names the class to build."""
 
     train: TrainConfig
     env: dict[str, Any]
-    algorithm: Any
-    policy: Any
-    runner: Any
-    replay_buffer: Any
+    algorithm: DictConfig
+    policy: DictConfig
+    runner: DictConfig
+    replay_buffer: DictConfig
 
 
 def validate(cfg: DictConfig, env_options: list[str]) -> Settings:
@@ -289,26 +379,33 @@ def validate(cfg: DictConfig, env_options: list[str]) -> Settings:
     if not isinstance(env, dict):
         raise ConfigError(f"env: expected a mapping of env settings, got {env!r}")
     groups = {section: validate_group(section, cfg[section]) for section in SCHEMAS}
-    runner = groups["runner"]
-    for key in ("actor_env_seeds", "actor_agent_seeds"):
-        seeds = getattr(runner, key)
-        if seeds is not None and len(seeds) != runner.n_actors:
-            raise ConfigError(f"runner.{key} has {len(seeds)} seeds: give one per actor (runner.n_actors={runner.n_actors})")
-    if runner.name == "ray" and importlib.util.find_spec("ray") is None:
-        raise ConfigError("runner=ray needs Ray, an optional extra: pip install 'maze_cli[ray]' (or pip install ray)")
-    start_method = getattr(runner, "start_method", None)
-    if start_method is not None and start_method not in mp.get_all_start_methods():
-        raise ConfigError(f"runner.start_method={start_method}: not available here; use one of {', '.join(mp.get_all_start_methods())}")
-    _fill_algorithm_defaults(groups["algorithm"].name, runner)
+    _check_runner(groups["runner"])
     return Settings(train=train, env=env, **groups)
 
 
-# What keys left null become, per algorithm. IMPALA learns from wide batches: a vectorized env makes
-# 64 envs per actor nearly free. SAC makes one update per transition: a few envs keep its replay
-# data fresh.
-ALGORITHM_DEFAULTS = {"impala": {"envs_per_actor": 64}, "sac": {"envs_per_actor": 8}}
+def _check_runner(runner: DictConfig) -> None:
+    n_actors = runner.get("n_actors")
+    for key in ("actor_env_seeds", "actor_agent_seeds"):
+        seeds = runner.get(key)
+        if seeds is not None and n_actors is not None and len(seeds) != n_actors:
+            raise ConfigError(f"runner.{key} has {len(seeds)} seeds: give one per actor (runner.n_actors={n_actors})")
+    if "ray_backend" in runner._target_ and importlib.util.find_spec("ray") is None:
+        raise ConfigError("runner=ray needs Ray, an optional extra: pip install 'maze_cli[ray]' (or pip install ray)")
+    _check_resources(runner.get("resources"))
+    start_method = runner.get("start_method")
+    if start_method is not None and start_method not in mp.get_all_start_methods():
+        raise ConfigError(f"runner.start_method={start_method}: not available here; use one of {', '.join(mp.get_all_start_methods())}")
 
 
-def _fill_algorithm_defaults(algorithm: str, runner: Any) -> None:
-    if runner.envs_per_actor is None:
-        runner.envs_per_actor = ALGORITHM_DEFAULTS[algorithm]["envs_per_actor"]
+def _check_resources(resources: Any) -> None:
+    """`runner.resources`: null or a mapping of resource names to amounts. (Typed `Any` in the schema:
+    a typed mapping would be closed to new names under Hydra's struct mode.)"""
+    if resources is None:
+        return
+    if not isinstance(resources, (DictConfig, dict)):
+        raise ConfigError(f"runner.resources={resources}: expected {_type_name(Optional[Dict[str, float]])}")
+    for name, amount in resources.items():
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)):
+            raise ConfigError(f"runner.resources.{name}={amount}: expected a number")
+        if amount < 0:
+            raise ConfigError(f"runner.resources.{name}={amount}: must be >= 0")

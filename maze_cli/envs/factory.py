@@ -8,6 +8,7 @@ from typing import Any, Mapping
 import gymnasium as gym
 
 from maze_cli.envs.spaces import UnsupportedSpaceError, action_spec, observation_specs
+from maze_cli.errors import ConfigError
 
 __all__ = ["EnvFactory", "EnvConfigError", "UnsupportedSpaceError"]
 
@@ -15,7 +16,7 @@ __all__ = ["EnvFactory", "EnvConfigError", "UnsupportedSpaceError"]
 ID_KEYS = ("id", "kwargs", "max_episode_steps", "vectorize")
 
 
-class EnvConfigError(ValueError):
+class EnvConfigError(ConfigError):
     """An env config that cannot produce an env."""
 
 

@@ -12,12 +12,13 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from maze_cli.errors import ConfigError
 from maze_cli.records import TensorSpec
 
 OBS_KEY = "obs"
 
 
-class UnsupportedSpaceError(ValueError):
+class UnsupportedSpaceError(ConfigError):
     """A space maze_cli cannot map to tensors."""
 
 
@@ -130,3 +131,122 @@ class ObservationWriter:
             if key in self.offsets:
                 value = np.asarray(value - self.offsets[key])
             out[key][index].copy_(torch.from_numpy(value).reshape(out[key][index].shape))
+
+
+# JSON-able space descriptions: checkpoints store a policy's spaces as plain data (no pickles), and
+# `space_from_dict(space_to_dict(s)) == s`. Infinite bounds are the strings "inf" / "-inf", so
+# `json.dumps(..., allow_nan=False)` accepts every description.
+
+_SERIALIZABLE = "Box, Discrete, MultiDiscrete, MultiBinary, Dict or Tuple"
+
+
+def _bounds_to_list(values: np.ndarray, unbounded: np.ndarray, inf: str) -> Any:
+    """Nested lists of Python numbers; entries that are infinite (or declared unbounded) become strings."""
+    out = values.astype(object)  # elements become Python int / float / bool
+    if values.dtype.kind == "f":
+        out[np.isposinf(values)] = "inf"
+        out[np.isneginf(values)] = "-inf"
+    out[unbounded] = inf  # signed-int boxes built with ±inf store the dtype's limit, not inf
+    return out.tolist()
+
+
+def _bounds_from_list(values: Any, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The bounds array in `dtype` and where it is unbounded ("inf" / "-inf").
+
+    A float dtype holds the infinities; an int dtype holds its own limits there (as Box itself does)."""
+    limits = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype) if dtype.kind in "iu" else None
+
+    def convert(v: Any) -> Any:
+        if isinstance(v, list):
+            return [convert(x) for x in v]
+        if v == "inf":
+            return float("inf") if dtype.kind == "f" else int(limits.max)
+        if v == "-inf":
+            return float("-inf") if dtype.kind == "f" else int(limits.min)
+        if isinstance(v, str):
+            raise ValueError(f"Box bound '{v}' is not a number; the only strings allowed are 'inf' and '-inf'")
+        return v
+
+    def unbounded(v: Any) -> Any:
+        return [unbounded(x) for x in v] if isinstance(v, list) else v in ("inf", "-inf")
+
+    return np.array(convert(values), dtype=dtype), np.array(unbounded(values), dtype=bool)
+
+
+def space_to_dict(space: gym.Space) -> dict[str, Any]:
+    """A JSON-able description of `space` (lists, dicts, strings, ints, floats, bools only).
+
+    Box, Discrete, MultiDiscrete, MultiBinary, and Dict / Tuple of those; a Dict keeps its key order.
+    Raises UnsupportedSpaceError naming the space's type (and its key inside a Dict) for anything
+    else. Seeds are not kept.
+    """
+    return _space_to_dict(space, "")
+
+
+def _space_to_dict(space: gym.Space, path: str) -> dict[str, Any]:
+    if isinstance(space, gym.spaces.Box):
+        return {
+            "type": "Box",
+            "shape": [int(d) for d in space.shape],
+            "dtype": np.dtype(space.dtype).name,
+            "low": _bounds_to_list(space.low, ~space.bounded_below, "-inf"),
+            "high": _bounds_to_list(space.high, ~space.bounded_above, "inf"),
+        }
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start), "dtype": np.dtype(space.dtype).name}
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return {
+            "type": "MultiDiscrete",
+            "nvec": np.asarray(space.nvec).astype(object).tolist(),
+            "start": np.asarray(space.start).astype(object).tolist(),
+            "dtype": np.dtype(space.dtype).name,
+        }
+    if isinstance(space, gym.spaces.MultiBinary):
+        n = space.n
+        return {"type": "MultiBinary", "n": [int(d) for d in n] if isinstance(n, (tuple, list, np.ndarray)) else int(n)}
+    if isinstance(space, gym.spaces.Dict):
+        spaces = {}
+        for key, sub in space.spaces.items():
+            if not isinstance(key, str):
+                raise UnsupportedSpaceError(
+                    f"Dict space key {key!r} at '{path or '/'}' is a {type(key).__name__}; only string keys can be stored"
+                )
+            spaces[key] = _space_to_dict(sub, f"{path}{key}/")
+        return {"type": "Dict", "spaces": spaces}
+    if isinstance(space, gym.spaces.Tuple):
+        return {"type": "Tuple", "spaces": [_space_to_dict(sub, f"{path}{i}/") for i, sub in enumerate(space.spaces)]}
+    where = f" at '{path.rstrip('/')}'" if path else ""
+    raise UnsupportedSpaceError(
+        f"cannot store a {type(space).__name__} space{where} ({space!r}); use {_SERIALIZABLE}"
+    )
+
+
+def space_from_dict(description: dict[str, Any]) -> gym.Space:
+    """The space described by `space_to_dict`'s output."""
+    if not isinstance(description, dict) or "type" not in description:
+        raise UnsupportedSpaceError(f"not a space description (a dict with a 'type' key): {description!r}")
+    kind = description["type"]
+    if kind == "Box":
+        dtype = np.dtype(description["dtype"])
+        low, low_unbounded = _bounds_from_list(description["low"], dtype)
+        high, high_unbounded = _bounds_from_list(description["high"], dtype)
+        space = gym.spaces.Box(low=low, high=high, shape=tuple(description["shape"]), dtype=dtype)
+        # An int Box built from ±inf holds its dtype's limits and remembers that they mean "unbounded".
+        space.bounded_below = space.bounded_below & ~np.broadcast_to(low_unbounded, space.shape)
+        space.bounded_above = space.bounded_above & ~np.broadcast_to(high_unbounded, space.shape)
+        return space
+    if kind == "Discrete":
+        return gym.spaces.Discrete(description["n"], start=description.get("start", 0), dtype=description.get("dtype", "int64"))
+    if kind == "MultiDiscrete":
+        dtype = np.dtype(description.get("dtype", "int64"))
+        return gym.spaces.MultiDiscrete(
+            np.array(description["nvec"], dtype=dtype), dtype=dtype, start=np.array(description["start"], dtype=dtype)
+        )
+    if kind == "MultiBinary":
+        return gym.spaces.MultiBinary(description["n"])
+    if kind == "Dict":
+        # A list of pairs keeps the stored key order (a plain dict would be sorted by gymnasium).
+        return gym.spaces.Dict([(key, space_from_dict(sub)) for key, sub in description["spaces"].items()])
+    if kind == "Tuple":
+        return gym.spaces.Tuple([space_from_dict(sub) for sub in description["spaces"]])
+    raise UnsupportedSpaceError(f"space type '{kind}' is not supported; stored spaces are {_SERIALIZABLE}")

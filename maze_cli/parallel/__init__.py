@@ -1,14 +1,13 @@
-"""Distributed actors: the one actor loop and the backends that move its data."""
+"""Distributed actors: the one actor loop and the backends that move its data; workers that
+fill a replay buffer wrap any of them."""
 
 from maze_cli.parallel.distributed_actors import ActorFailure, DistributedActors
 from maze_cli.parallel.sequential import SequentialDistributedActors
 from maze_cli.parallel.subproc import SubprocDistributedActors
 from maze_cli.parallel.workers_with_buffer import (
     BaseDistributedWorkersWithBuffer,
-    RayDistributedWorkersWithBuffer,
     SampledBatch,
-    SequentialDistributedWorkersWithBuffer,
-    SubprocDistributedWorkersWithBuffer,
+    initial_sampling_policy_or_random,
 )
 
 
@@ -26,10 +25,8 @@ __all__ = [
     "BaseDistributedWorkersWithBuffer",
     "DistributedActors",
     "RayDistributedActors",
-    "RayDistributedWorkersWithBuffer",
     "SampledBatch",
     "SequentialDistributedActors",
-    "SequentialDistributedWorkersWithBuffer",
     "SubprocDistributedActors",
-    "SubprocDistributedWorkersWithBuffer",
+    "initial_sampling_policy_or_random",
 ]

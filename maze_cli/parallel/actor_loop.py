@@ -31,6 +31,8 @@ class Actor:
     disturb each other.
     With an `initial_policy` (e.g. uniform random, to fill a replay buffer) the actor acts with it
     until the first broadcast arrives (policy version 0).
+    The policy's recurrent state is carried from step to step and across rollouts (reset by the
+    policy where an episode starts); each record keeps the state at its rollout's start.
     """
 
     def __init__(
@@ -58,6 +60,11 @@ class Actor:
             k: torch.zeros((n_envs,) + s.shape, dtype=s.dtype) for k, s in observation_specs(self.envs.observation_space).items()
         }
         self.envs.write(self.envs.reset(env_seed), self.current_obs)
+        self.episode_start = torch.ones(n_envs, dtype=torch.bool)  # current_obs begins an episode
+        self.state = self.policy.initial_state(n_envs)
+        # In gymnasium's "next step" autoreset mode the observation after an episode's end is its
+        # last; the episode after it starts with the autoreset step's observation.
+        self._resets_next_step = bool(getattr(self.envs, "next_step_autoreset", False))
         self.episode_return = np.zeros(n_envs, dtype=np.float64)
         self.episode_length = np.zeros(n_envs, dtype=np.int64)
 
@@ -83,14 +90,18 @@ class Actor:
         t_env = t_inference = t_record = 0.0
         for key, value in self.current_obs.items():
             out.observations[key][0].copy_(value)
+        out.episode_start[0].copy_(self.episode_start)
+        for mine, slot in zip(self.state, out.initial_state):
+            slot.copy_(mine)
         out.policy_version.fill_(self.policy_version)
         for value in out.final_observations.values():
             value.zero_()
         policy = self.initial_policy if self.initial_policy is not None and self.policy_version == 0 else self.policy
+        state = self.state
         for t in range(self.n_steps):
             t0 = time.perf_counter()
             obs_t = {key: value[t] for key, value in out.observations.items()}
-            actions, logp = policy.act(obs_t)
+            actions, logp, state = policy.act(obs_t, state, out.episode_start[t])
             out.actions[t].copy_(actions)
             out.behaviour_logp[t].copy_(logp)
             t1 = time.perf_counter()
@@ -101,6 +112,9 @@ class Actor:
             out.terminated[t].copy_(torch.from_numpy(step.terminated))
             out.truncated[t].copy_(torch.from_numpy(step.truncated))
             out.autoreset[t].copy_(torch.from_numpy(step.autoreset))
+            ended = step.terminated | step.truncated
+            starts = step.autoreset if self._resets_next_step else ended | step.autoreset
+            out.episode_start[t + 1].copy_(torch.from_numpy(starts))
             for i, final_obs in step.final_observations.items():
                 self.envs.writer.write_one(final_obs, i, {key: value[t] for key, value in out.final_observations.items()})
             self._count_episodes(step, info)
@@ -109,8 +123,18 @@ class Actor:
             t_record += time.perf_counter() - t2
         for key, value in self.current_obs.items():
             value.copy_(out.observations[key][self.n_steps])
+        self.episode_start.copy_(out.episode_start[self.n_steps])
+        self.state = state
+        if out.behaviour_value is not None:
+            self._record_values(out)
         info.timings = {"actor_env_step_s": t_env, "actor_inference_s": t_inference, "actor_record_s": t_record}
         return info
+
+    def _record_values(self, out: Rollout) -> None:
+        """V(s_t) under the acting policy for the whole rollout, in one pass (algorithms that need
+        the behaviour policy's values ask for them in the rollout spec)."""
+        observations = {key: value[: self.n_steps] for key, value in out.observations.items()}
+        out.behaviour_value.copy_(self.policy.value(observations, out.initial_state, out.episode_start[: self.n_steps]))
 
     def _count_episodes(self, step: BatchStep, info: RolloutInfo) -> None:
         """Add the step to the running episodes; report and restart those that ended."""

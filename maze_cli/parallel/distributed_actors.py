@@ -1,7 +1,10 @@
 """DistributedActors: actors collect rollouts in parallel; the learner takes them in batches.
 
-The base class holds what every backend shares (the rollout spec, seeds, epoch stats, policy
-versions); subclasses only decide where the actors run and how rollouts and weights travel.
+The base class holds what every backend shares: the rollout spec, seeds, epoch stats, policy
+versions, and the whole of failure handling (which seeds a restarted actor gets, the restart
+budget, the failure report, and the silence clock behind `rollout_timeout_s`). A backend only
+decides where the actors run and how rollouts and weights travel; it reports what went wrong
+through `_actor_failed` and knows how to replace one actor (`_restart_actor`).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import abc
 import copy
 import logging
+import time
 from typing import Callable
 
 import gymnasium as gym
@@ -16,14 +20,16 @@ import torch
 from torch import nn
 
 from maze_cli.envs.spaces import action_spec, observation_specs
-from maze_cli.records import Rollout, RolloutInfo, RolloutSpec
+from maze_cli.errors import MazeCliError
+from maze_cli.records import Rollout, RolloutInfo, RolloutSpec, TensorSpec
 from maze_cli.stats.aggregator import EpochStatsAggregator, LogStatsLevel
 
 log = logging.getLogger("maze_cli")
 
 
-class ActorFailure(RuntimeError):
-    """An actor raised or died; carries its index, its seeds and the traceback from where it ran."""
+class ActorFailure(MazeCliError, RuntimeError):
+    """An actor raised, died or hung; carries its index, the seeds it ran with and the traceback
+    from where it ran. A MazeCliError: `train` prints it without a traceback of its own."""
 
     def __init__(self, actor_index: int, env_seed: int, agent_seed: int, details: str):
         self.actor_index = actor_index
@@ -47,6 +53,9 @@ class DistributedActors(abc.ABC):
     :param initial_policy: acted with until the first broadcast (e.g. uniform random exploration).
     :param max_restarts: failed actors restarted per run (fresh envs, seeds derived from the actor's
         seed and its restart count, the lost rollout dropped); one more failure ends the run.
+    :param rollout_timeout_s: an actor that delivered no rollout for this long is treated as failed
+        (None: never). Every backend shares this clock (`_check_silent`); one that cannot watch from
+        outside (sequential) enforces it its own way but reports through the same `_failure`.
     """
 
     def __init__(
@@ -61,6 +70,7 @@ class DistributedActors(abc.ABC):
         actor_agent_seeds: list[int] | None = None,
         initial_policy: nn.Module | None = None,
         max_restarts: int = 0,
+        rollout_timeout_s: float | None = None,
     ):
         if n_actors < 1 or batch_size < 1 or n_rollout_steps < 1 or envs_per_actor < 1:
             raise ValueError("n_actors, batch_size, n_rollout_steps and envs_per_actor must be at least 1")
@@ -74,9 +84,14 @@ class DistributedActors(abc.ABC):
         self.actor_env_seeds = self._check_seeds("actor_env_seeds", actor_env_seeds, list(range(n_actors)))
         self.actor_agent_seeds = self._check_seeds("actor_agent_seeds", actor_agent_seeds, list(range(1000, 1000 + n_actors)))
         self.initial_policy = initial_policy
+        if rollout_timeout_s is not None and rollout_timeout_s <= 0:
+            raise ValueError("rollout_timeout_s must be positive (or None: no timeout)")
         self.max_restarts = max_restarts
+        self.rollout_timeout_s = rollout_timeout_s
         self.restarts = 0
         self.actor_restarts = [0] * n_actors
+        # When each actor last delivered a rollout (or was started): the clock of `_check_silent`.
+        self.last_seen = [time.monotonic()] * n_actors
         self.rollout_spec = self._rollout_spec(policy)
         self.policy_version = 0
         self.epoch_stats = EpochStatsAggregator()
@@ -89,17 +104,25 @@ class DistributedActors(abc.ABC):
         return [int(s) for s in seeds]
 
     def _rollout_spec(self, policy: nn.Module) -> RolloutSpec:
+        """Record shapes from the policy: its spaces, and its recurrent state per env (none for
+        feed-forward policies), which each record keeps as it was at the rollout's start."""
         return RolloutSpec(
             observations=observation_specs(policy.observation_space),
             action=action_spec(policy.action_space),
             n_steps=self.n_rollout_steps,
             n_envs=self.envs_per_actor,
+            state=tuple(TensorSpec(tuple(s.shape[1:]), s.dtype) for s in policy.initial_state(1)),
         )
 
     # -- lifecycle -----------------------------------------------------------------------------
-    @abc.abstractmethod
     def start(self) -> None:
-        """Start the actors."""
+        """Start the actors; each one's silence clock starts once they all are up."""
+        self._start_actors()
+        self.last_seen = [time.monotonic()] * self.n_actors
+
+    @abc.abstractmethod
+    def _start_actors(self) -> None:
+        """Start the actors (the backend's part of `start`)."""
 
     @abc.abstractmethod
     def stop(self) -> None:
@@ -123,7 +146,8 @@ class DistributedActors(abc.ABC):
         queue size before, queue size after, seconds spent dequeuing)."""
 
     def _record_rollout(self, info: RolloutInfo) -> None:
-        """Account one received rollout in the epoch stats."""
+        """Account one received rollout in the epoch stats (and as a sign of life of its actor)."""
+        self.last_seen[info.actor_index] = time.monotonic()
         stats = self.epoch_stats
         stats.extend("episode_return", info.episode_returns)
         stats.extend("episode_length", info.episode_lengths)
@@ -143,6 +167,28 @@ class DistributedActors(abc.ABC):
             return env_seed, agent_seed
         return derive_seed(env_seed, f"restart-{k}"), derive_seed(agent_seed, f"restart-{k}")
 
+    def _failure(self, index: int, details: str) -> ActorFailure:
+        """The report of actor `index`'s failure, with the seeds it ran with (derived after a restart)."""
+        env_seed, agent_seed = self.restart_seeds(index)
+        return ActorFailure(index, env_seed, agent_seed, details)
+
+    def _silent_failure(self, index: int, seconds: float) -> ActorFailure:
+        return self._failure(index, f"silent: no rollout for {seconds:.0f} s (runner.rollout_timeout_s={self.rollout_timeout_s})")
+
+    def _actor_failed(self, index: int, details: str) -> None:
+        """A backend noticed that actor `index` raised, died or hung: restart it or end the run."""
+        self._recover(self._failure(index, details))
+
+    def _check_silent(self) -> None:
+        """Recover actors that delivered nothing for `rollout_timeout_s` (backends call this while
+        the learner waits, and before each collect: the others may keep the queue full while one hangs)."""
+        if self.rollout_timeout_s is None:
+            return
+        now = time.monotonic()
+        for i, seen in enumerate(self.last_seen):
+            if now - seen > self.rollout_timeout_s:
+                self._recover(self._silent_failure(i, now - seen))
+
     def _recover(self, failure: ActorFailure) -> None:
         """Restart the failed actor within the budget, or end the run with the failure."""
         if self.restarts >= self.max_restarts:
@@ -157,8 +203,11 @@ class DistributedActors(abc.ABC):
         reason = failure.details.strip().splitlines()[-1] if failure.details.strip() else "unknown error"
         log.warning(f"actor {index} failed ({reason}); restarting it: restart {self.restarts} of {self.max_restarts}")
         self._restart_actor(index)
+        self.last_seen[index] = time.monotonic()
 
     def _restart_actor(self, index: int) -> None:
+        """Replace actor `index` with a fresh one built with `restart_seeds(index)` (the backend's
+        part of a restart; its rollouts in flight are dropped)."""
         raise NotImplementedError(f"{type(self).__name__} cannot restart actors")
 
     # -- stats ---------------------------------------------------------------------------------

@@ -5,10 +5,11 @@ takes whichever are ready first (`ray.wait`); each actor has at most `max_in_fli
 rollouts requested, which bounds staleness. Weights travel as one `ray.put` per broadcast plus a
 version number; an actor fetches them only when the version moved.
 
-Failures are handled here, not by Ray's own actor restarts, so that every backend restarts the same
-way: an exception in an actor, a dead actor process (or node), and an actor silent for
-`rollout_timeout_s` all kill the Ray actor and start a fresh one with seeds derived from its seed
-and restart count, within `max_restarts` per run; its rollouts in flight are dropped.
+Failures are handled by DistributedActors, not by Ray's own actor restarts, so that every backend
+restarts the same way: an exception in an actor, a dead actor process (or node), and an actor
+silent for `rollout_timeout_s` all kill the Ray actor and start a fresh one with seeds derived from
+its seed and restart count, within `max_restarts` per run; its rollouts in flight are dropped.
+This module only tells which of Ray's errors means which failure, and how to replace a Ray actor.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from maze_cli.errors import MazeCliError
 from maze_cli.parallel.actor_loop import Actor
-from maze_cli.parallel.distributed_actors import ActorFailure, DistributedActors
-from maze_cli.records import Rollout, RolloutInfo, RolloutSpec
+from maze_cli.parallel.distributed_actors import DistributedActors
+from maze_cli.records import Rollout, RolloutInfo
 
 log = logging.getLogger("maze_cli")
 
@@ -34,7 +36,7 @@ _POLL_S = 1.0
 _PLACEMENT_LOG_S = 10.0  # while actors wait for resources, say so this often
 
 
-class ActorsNotPlaced(RuntimeError):
+class ActorsNotPlaced(MazeCliError, RuntimeError):
     """The cluster lacks the resources for some actors; waiting longer would be a hang."""
 
 
@@ -84,7 +86,7 @@ class RayDistributedActors(DistributedActors):
     :param max_restarts: failed actors restarted per run (a fresh Ray actor, derived seeds, its
         rollouts in flight dropped); one more failure ends the run.
     :param max_in_flight_per_actor: rollouts requested ahead from each actor.
-    :param rollout_timeout_s: an actor that returned no rollout for this long is treated as failed.
+    :param rollout_timeout_s: see DistributedActors; also how long actors may wait to be placed.
     """
 
     def __init__(
@@ -108,7 +110,7 @@ class RayDistributedActors(DistributedActors):
     ):
         super().__init__(
             env_factory, policy, n_rollout_steps, n_actors, batch_size, envs_per_actor, actor_env_seeds, actor_agent_seeds,
-            initial_policy, max_restarts,
+            initial_policy, max_restarts, rollout_timeout_s,
         )
         self.address = address
         # Ray itself never restarts or retries: a failure is ours to count and to recover from.
@@ -117,15 +119,13 @@ class RayDistributedActors(DistributedActors):
             "max_restarts": 0, "max_task_retries": 0, "scheduling_strategy": "SPREAD",
         }
         self.max_in_flight = max_in_flight_per_actor
-        self.rollout_timeout_s = rollout_timeout_s
         self.handles: list = []
         self.pending: dict = {}
-        self.last_seen: list[float] = []
         self.placements: list[dict[str, Any]] = []
         self._connected = False
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def start(self) -> None:
+    def _start_actors(self) -> None:
         ray = import_ray()
         if not ray.is_initialized():
             # "local" always starts a fresh Ray here, never an accidental join of some running cluster.
@@ -142,7 +142,6 @@ class RayDistributedActors(DistributedActors):
             self.stop()  # the caller's `with` never reaches __exit__ when start fails
             raise
         self._weights = [0, ray.put({k: v.detach().cpu() for k, v in self.policy.state_dict().items()})]
-        self.last_seen = [time.monotonic()] * self.n_actors
         for i in range(self.n_actors):
             self._request_all(i)
 
@@ -253,7 +252,6 @@ class RayDistributedActors(DistributedActors):
             if received is None:
                 continue
             record, info = received
-            self.last_seen[index] = time.monotonic()
             self._record_rollout(info)
             rollouts.append(record)
             self._request(index)
@@ -268,34 +266,21 @@ class RayDistributedActors(DistributedActors):
         try:
             return ray.get(ref)
         except RayTaskError as err:  # raised inside the actor: its traceback is in the message
-            self._recover(self._failure(index, str(err)))
+            self._actor_failed(index, str(err))
         except ActorUnavailableError:  # unreachable for a moment, not dead: ask again
             time.sleep(_POLL_S / 10)
             self._request(index)
         except RayActorError as err:  # the process or its node is gone (or its __init__ raised)
-            self._recover(self._failure(index, f"ray actor died: {_died_reason(err)}"))
+            self._actor_failed(index, f"ray actor died: {_died_reason(err)}")
         return None
 
     # -- failures ------------------------------------------------------------------------------
-    def _failure(self, index: int, details: str) -> ActorFailure:
-        return ActorFailure(index, self.actor_env_seeds[index], self.actor_agent_seeds[index], details)
-
-    def _check_silent(self) -> None:
-        """Recover actors that returned nothing for `rollout_timeout_s`."""
-        if self.rollout_timeout_s is None:
-            return
-        now = time.monotonic()
-        for i, seen in enumerate(self.last_seen):
-            if now - seen > self.rollout_timeout_s:
-                self._recover(self._failure(i, f"silent: no rollout for {now - seen:.0f} s (runner.rollout_timeout_s={self.rollout_timeout_s})"))
-
     def _restart_actor(self, index: int) -> None:
         """Kill actor `index` (it may be hung, not dead), forget its rollouts in flight, start a fresh one."""
         ray = import_ray()
         _kill(ray, self.handles[index])
         self.pending = {ref: i for ref, i in self.pending.items() if i != index}
         self.handles[index] = self._new_actor(index)
-        self.last_seen[index] = time.monotonic()
         self._request_all(index)
 
 

@@ -12,7 +12,7 @@ from typing import Iterator
 import torch
 
 from maze_cli.parallel.actor_loop import Actor
-from maze_cli.parallel.distributed_actors import ActorFailure, DistributedActors
+from maze_cli.parallel.distributed_actors import DistributedActors
 from maze_cli.records import Rollout
 
 
@@ -21,21 +21,18 @@ class SequentialDistributedActors(DistributedActors):
 
     Deterministic: the same seeds give the same rollouts and the same learning run.
 
-    :param rollout_timeout_s: a rollout that takes longer is abandoned and its actor treated as
-        failed (an alarm signal interrupts it; only in the main thread, so never inside a library's
-        worker thread).
+    Takes DistributedActors' arguments. `rollout_timeout_s` is enforced from inside: nothing else
+    runs while an actor collects, so an alarm signal interrupts a rollout that takes longer (only
+    in the main thread, so never inside a library's worker thread); the actor is then treated as
+    failed like in every other backend.
     """
-
-    def __init__(self, *args, rollout_timeout_s: float | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.rollout_timeout_s = rollout_timeout_s
 
     def _make_actor(self, index: int) -> Actor:
         env_seed, agent_seed = self.restart_seeds(index)
         return Actor(index, self.env_factory, self.policy, self.envs_per_actor, self.n_rollout_steps, env_seed, agent_seed,
                      self.initial_policy)
 
-    def start(self) -> None:
+    def _start_actors(self) -> None:
         self.actors = [self._make_actor(i) for i in range(self.n_actors)]
         self._records = [self.rollout_spec.allocate() for _ in range(self.batch_size)]
         self._next_actor = 0
@@ -68,11 +65,9 @@ class SequentialDistributedActors(DistributedActors):
                         info = actor.collect(record)
                     break
                 except RolloutTimeout:
-                    self._recover(ActorFailure(actor.index, actor.env_seed, actor.agent_seed,
-                                               f"silent: no rollout for {self.rollout_timeout_s:.0f} s "
-                                               f"(runner.rollout_timeout_s={self.rollout_timeout_s})"))
+                    self._recover(self._silent_failure(actor.index, self.rollout_timeout_s))
                 except Exception:
-                    self._recover(ActorFailure(actor.index, actor.env_seed, actor.agent_seed, traceback.format_exc()))
+                    self._actor_failed(actor.index, traceback.format_exc())
             self._record_rollout(info)
         batch = Rollout.cat(self._records).to(learner_device)
         return batch, 0.0, 0.0, time.perf_counter() - start

@@ -2,7 +2,8 @@
 
 Only a slot index and small metadata travel through the queue. The pool holds
 `queue_size + n_actors` slots: each actor fills one slot at a time, and at most `queue_size`
-filled slots wait for the learner, which bounds how stale a rollout can be.
+filled slots wait for the learner, which bounds how stale a rollout can be (see
+`queue_out_of_sync_factor`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch.multiprocessing  # noqa: F401  (registers torch's shared-memory pic
 from torch import nn
 
 from maze_cli.parallel.actor_loop import Actor
-from maze_cli.parallel.distributed_actors import ActorFailure, DistributedActors
+from maze_cli.parallel.distributed_actors import DistributedActors
 from maze_cli.parallel.shared_weights import SharedWeights
 from maze_cli.records import Rollout, RolloutSpec
 from maze_cli.start_methods import default_start_method, warm_up_start_method
@@ -105,12 +106,18 @@ def actor_process(
 class SubprocDistributedActors(DistributedActors):
     """Each actor in its own process (multiprocessing), fed weights and drained through shared memory.
 
-    :param queue_out_of_sync_factor: the queue holds at most `factor * batch_size` rollouts, so a
-        rollout is at most that many rollouts (plus one per actor in flight) behind the learner.
+    :param queue_out_of_sync_factor: the queue holds at most `queue_size = max(1, round(factor *
+        batch_size))` finished rollouts; an actor whose rollout finds it full waits. Ahead of a
+        rollout, when its actor reads the weights, are then at most the queue and one rollout per
+        actor, so its policy lag (the learner's broadcasts between that read and the collect that
+        takes it) is at most `ceil((queue_size + n_actors) / batch_size)` versions, if the learner
+        broadcasts once per collect. That holds while the actors keep pace with each other: one much
+        slower than the rest (e.g. descheduled on a busy machine) can be overtaken and lag more.
+        Policy lag is measured per rollout (the `policy_lag` epoch stat).
     :param start_method: one of `multiprocessing.get_all_start_methods()`; forkserver by default.
     :param max_restarts: see DistributedActors; a dead process may take its slot with it, so the
         pool holds one spare slot per allowed restart.
-    :param rollout_timeout_s: an actor that sent no rollout for this long is treated as failed.
+    :param rollout_timeout_s: see DistributedActors.
     """
 
     def __init__(
@@ -131,9 +138,8 @@ class SubprocDistributedActors(DistributedActors):
     ):
         super().__init__(
             env_factory, policy, n_rollout_steps, n_actors, batch_size, envs_per_actor, actor_env_seeds, actor_agent_seeds,
-            initial_policy, max_restarts,
+            initial_policy, max_restarts, rollout_timeout_s,
         )
-        self.rollout_timeout_s = rollout_timeout_s
         if queue_out_of_sync_factor <= 0:
             raise ValueError("queue_out_of_sync_factor must be positive")
         self.start_method = start_method or default_start_method()
@@ -145,7 +151,7 @@ class SubprocDistributedActors(DistributedActors):
         self.processes: list[mp.Process] = []
         self._stopped = True
 
-    def start(self) -> None:
+    def _start_actors(self) -> None:
         self._ctx = mp.get_context(self.start_method)
         warm_up_start_method(self.start_method)
         n_slots = self.queue_size + self.n_actors + self.max_restarts
@@ -159,7 +165,6 @@ class SubprocDistributedActors(DistributedActors):
         self._policy_copy = copy.deepcopy(self.policy)
         self._stopped = False
         self.processes = [None] * self.n_actors
-        self.last_seen = [time.monotonic()] * self.n_actors
         for i in range(self.n_actors):
             self._spawn(i)
 
@@ -176,7 +181,6 @@ class SubprocDistributedActors(DistributedActors):
         )
         process.start()
         self.processes[index] = process
-        self.last_seen[index] = time.monotonic()
 
     def _restart_actor(self, index: int) -> None:
         old = self.processes[index]
@@ -215,10 +219,6 @@ class SubprocDistributedActors(DistributedActors):
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.policy_version = self.weights.publish(state_dict)
 
-    def _failure(self, index: int, details: str) -> ActorFailure:
-        env_seed, agent_seed = self.restart_seeds(index)
-        return ActorFailure(index, env_seed, agent_seed, details)
-
     def _check_alive(self) -> None:
         """Recover any actor whose process is gone (one poll over the process sentinels)."""
         dead = mp.connection.wait([p.sentinel for p in self.processes], timeout=0)
@@ -229,16 +229,7 @@ class SubprocDistributedActors(DistributedActors):
                     # An actor exits cleanly only after putting its error report in the queue
                     # (a process flushes its queue before exiting): recover when that arrives.
                     continue
-                self._recover(self._failure(i, f"process {process.pid} exited with code {process.exitcode}"))
-
-    def _check_silent(self) -> None:
-        """Recover actors that sent nothing for `rollout_timeout_s` while the learner waited."""
-        if self.rollout_timeout_s is None:
-            return
-        now = time.monotonic()
-        for i, seen in enumerate(self.last_seen):
-            if now - seen > self.rollout_timeout_s:
-                self._recover(self._failure(i, f"silent: no rollout for {now - seen:.0f} s (runner.rollout_timeout_s={self.rollout_timeout_s})"))
+                self._actor_failed(i, f"process {process.pid} exited with code {process.exitcode}")
 
     def _next_message(self) -> tuple:
         """The next queue message, recovering dead or silent actors while waiting."""
@@ -264,10 +255,9 @@ class SubprocDistributedActors(DistributedActors):
                 if generation != self.actor_restarts[index]:
                     continue  # from a process already replaced (e.g. killed as silent after it reported)
                 self.processes[index].join(timeout=_JOIN_TIMEOUT_S)  # it exits after reporting
-                self._recover(self._failure(index, details))
+                self._actor_failed(index, details)
                 continue
             slot, info = payload
-            self.last_seen[info.actor_index] = time.monotonic()
             self._record_rollout(info)
             taken.append(slot)
         dequeue_time = time.perf_counter() - start

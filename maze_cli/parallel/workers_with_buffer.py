@@ -1,29 +1,31 @@
 """Workers that fill a replay buffer: the off-policy half of maze_cli.
 
-They reuse DistributedActors (the same actor loop and, for subprocesses, the same shared-memory
-transport): a worker is an actor whose rollouts go into a replay buffer instead of straight to the
-learner. Subprocess workers keep collecting while the learner updates, up to the queue bound.
+`BaseDistributedWorkersWithBuffer` wraps any `DistributedActors` (sequential, subprocess, Ray:
+the same actor loop and transports), as TorchRL's collectors take a `replay_buffer=`: a worker is
+an actor whose rollouts go into a replay buffer instead of straight to the learner. Subprocess and
+Ray workers keep collecting while the learner updates, up to their queue bound.
 """
 
 from __future__ import annotations
 
-import abc
-import time
 from dataclasses import dataclass
 from typing import Callable
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
-from maze_cli.buffers import ReplayBuffer, make_replay_buffer
+from maze_cli.buffers import ReplayBuffer
 from maze_cli.parallel.distributed_actors import DistributedActors
-from maze_cli.parallel.sequential import SequentialDistributedActors
-from maze_cli.parallel.subproc import SubprocDistributedActors
 from maze_cli.policies.random_policy import RandomPolicy
 from maze_cli.records import Rollout, TensorSpec, Transitions
 from maze_cli.stats.aggregator import EpochStatsAggregator, LogStatsLevel
+
+
+def initial_sampling_policy_or_random(policy: nn.Module, initial: nn.Module | None = None) -> nn.Module:
+    """The policy that fills the replay buffer before learning starts, to pass to the actors as
+    `initial_policy=`: `initial` if given, else uniform random actions over `policy`'s spaces."""
+    return initial if initial is not None else RandomPolicy(policy.observation_space, policy.action_space)
 
 
 @dataclass
@@ -54,72 +56,67 @@ def _item_specs(spec, split: bool) -> dict[str, TensorSpec]:
     return items | {k: seq(s) for k, s in scalar.items()}
 
 
-class BaseDistributedWorkersWithBuffer(abc.ABC):
-    """The base class for all distributed workers with buffer.
+class BaseDistributedWorkersWithBuffer:
+    """Distributed workers that fill a replay buffer, for off-policy learners: any DistributedActors
+    (sequential, subprocess or Ray) plus a replay buffer built for their rollouts.
 
-    :param env_factory: builds one env.
-    :param worker_policy: the policy the workers act with once the learner broadcasts it.
-    :param n_rollout_steps: steps per worker rollout.
-    :param n_workers: number of workers.
+    `collect_rollouts` moves finished rollouts into the buffer; `sample_batch` draws from it.
+    The caller builds the actors for this role:
+
+    - `initial_policy=initial_sampling_policy_or_random(policy, initial)`: what the workers act
+      with until the first broadcast (uniform random unless another policy is given);
+    - `batch_size=rollouts_per_iteration`: the rollouts each `collect_rollouts` adds;
+    - an env factory without vectorization (`env_factory.without_vectorization()` where it has
+      one): envs stepped one by one have no autoreset steps, so every step is a transition for the
+      buffer (the replay ratio makes the learner, not env stepping, the bottleneck here). Actors
+      whose factory may vectorize are refused with a ValueError.
+
+    :param actors: the actors that collect (not started yet: `start()` starts them, `stop()` stops them).
+    :param replay_buffer: called as `replay_buffer(item_specs=...)` with the fields of one buffer
+        item (a transition, or one env's whole rollout), e.g.
+        `functools.partial(UniformReplayBuffer, capacity=100_000, seed=3)`.
     :param batch_size: items per `sample_batch` (transitions, or whole rollouts without splitting).
-    :param rollouts_per_iteration: rollouts added to the buffer by each `collect_rollouts`.
-    :param initial_sampling_policy: acts until the first broadcast (None: uniform random).
-    :param replay_buffer_size: buffer capacity in items.
     :param initial_buffer_size: transitions `init_replay_buffer` collects before learning.
     :param split_rollouts_into_transitions: store single transitions (True) or whole rollouts.
-    :param env_instance_seeds: one env seed per worker.
-    :param replay_buffer_seed: seeds the buffer's sampling.
-    :param backend_options: passed on to the backend's DistributedActors (e.g. max_restarts,
-        queue_out_of_sync_factor, start_method, or Ray's address and resources).
     """
 
     def __init__(
         self,
-        env_factory: Callable[[], gym.Env],
-        worker_policy: nn.Module,
-        n_rollout_steps: int,
-        n_workers: int,
+        actors: DistributedActors,
+        replay_buffer: Callable[..., ReplayBuffer],
         batch_size: int,
-        rollouts_per_iteration: int,
-        initial_sampling_policy: nn.Module | None,
-        replay_buffer_size: int,
         initial_buffer_size: int,
         split_rollouts_into_transitions: bool,
-        env_instance_seeds: list[int] | None,
-        replay_buffer_seed: int,
-        envs_per_worker: int = 1,
-        worker_agent_seeds: list[int] | None = None,
-        replay_buffer: str = "uniform",
-        prioritized: dict | None = None,
-        backend_options: dict | None = None,
     ):
+        if not isinstance(actors, DistributedActors):
+            raise TypeError(f"actors must be a DistributedActors, not {type(actors).__name__}")
+        if _may_vectorize(actors.env_factory):
+            raise ValueError(
+                "workers with a replay buffer need actors whose envs are stepped one by one (a vectorized env's "
+                "autoreset steps are no transitions): build the actors with env_factory.without_vectorization()"
+            )
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self.actors = actors
         self.batch_size = batch_size
         self.initial_buffer_size = initial_buffer_size
         self.split = split_rollouts_into_transitions
-        initial = initial_sampling_policy or RandomPolicy(worker_policy.observation_space, worker_policy.action_space)
-        # Envs one by one: no autoreset steps, so every step is a transition for the buffer (the
-        # replay ratio makes the learner, not env stepping, the bottleneck of off-policy training).
-        if hasattr(env_factory, "without_vectorization"):
-            env_factory = env_factory.without_vectorization()
-        self.workers = self._make_workers(
-            env_factory=env_factory, policy=worker_policy, n_rollout_steps=n_rollout_steps, n_actors=n_workers,
-            batch_size=rollouts_per_iteration, envs_per_actor=envs_per_worker, actor_env_seeds=env_instance_seeds,
-            actor_agent_seeds=worker_agent_seeds, initial_policy=initial, **(backend_options or {}),
-        )
-        specs = _item_specs(self.workers.rollout_spec, self.split)
-        self.replay_buffer: ReplayBuffer = make_replay_buffer(replay_buffer, replay_buffer_size, specs, replay_buffer_seed, **(prioritized or {}))
+        self.replay_buffer: ReplayBuffer = replay_buffer(item_specs=_item_specs(actors.rollout_spec, self.split))
         self.env_steps = 0
-
-    @abc.abstractmethod
-    def _make_workers(self, **kwargs) -> DistributedActors:
-        """The actors that do the collecting (sequential, subprocess, ...)."""
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        self.workers.start()
+        self.actors.start()
 
     def stop(self) -> None:
-        self.workers.stop()
+        self.actors.stop()
+
+    def alive_pids(self) -> list[int]:
+        """PIDs of the actors' processes still running, where the actors have such a list (subproc)."""
+        alive_pids = getattr(self.actors, "alive_pids", None)
+        if alive_pids is None:
+            raise AttributeError(f"{type(self.actors).__name__} keeps no list of actor processes")
+        return alive_pids()
 
     def __enter__(self) -> "BaseDistributedWorkersWithBuffer":
         self.start()
@@ -131,12 +128,13 @@ class BaseDistributedWorkersWithBuffer(abc.ABC):
     # -- data flow -----------------------------------------------------------------------------
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Publish new worker weights; the first broadcast also retires the initial sampling policy."""
-        self.workers.broadcast_updated_policy(state_dict)
+        self.actors.broadcast_updated_policy(state_dict)
 
     def collect_rollouts(self) -> tuple[float, float, float]:
-        """Move `rollouts_per_iteration` finished rollouts into the buffer; returns
+        """Move the actors' next batch of finished rollouts (their `batch_size`: the rollouts per
+        iteration) into the buffer; returns
         (queue size before, queue size after, seconds spent dequeuing)."""
-        batch, before, after, dequeue_s = self.workers.collect_outputs("cpu")
+        batch, before, after, dequeue_s = self.actors.collect_outputs("cpu")
         self._add(batch)
         return before, after, dequeue_s
 
@@ -193,33 +191,16 @@ class BaseDistributedWorkersWithBuffer(abc.ABC):
 
     # -- stats ---------------------------------------------------------------------------------
     def get_epoch_stats_aggregator(self) -> EpochStatsAggregator:
-        return self.workers.get_epoch_stats_aggregator()
+        return self.actors.get_epoch_stats_aggregator()
 
     def get_stats_value(self, event: str, level: LogStatsLevel = LogStatsLevel.EPOCH, name: str | None = None) -> float | None:
-        return self.workers.get_stats_value(event, level, name)
+        return self.actors.get_stats_value(event, level, name)
 
 
-class SequentialDistributedWorkersWithBuffer(BaseDistributedWorkersWithBuffer):
-    """Workers in the learner's process, collecting only when asked (deterministic)."""
-
-    def _make_workers(self, **kwargs) -> DistributedActors:
-        return SequentialDistributedActors(**kwargs)
-
-
-class SubprocDistributedWorkersWithBuffer(BaseDistributedWorkersWithBuffer):
-    """Workers in subprocesses that keep collecting while the learner updates (up to the queue bound)."""
-
-    def _make_workers(self, **kwargs) -> DistributedActors:
-        return SubprocDistributedActors(**kwargs)
-
-    def alive_pids(self) -> list[int]:
-        return self.workers.alive_pids()
-
-
-class RayDistributedWorkersWithBuffer(BaseDistributedWorkersWithBuffer):
-    """Workers as Ray actors (see RayDistributedActors for the Ray options)."""
-
-    def _make_workers(self, **kwargs) -> DistributedActors:
-        from maze_cli.parallel.ray_backend import RayDistributedActors
-
-        return RayDistributedActors(**kwargs)
+def _may_vectorize(env_factory: Callable) -> bool:
+    """Whether the actors may step this factory's envs through a vectorized implementation: it
+    offers one (`vector_env`) and is not already its own `without_vectorization()`."""
+    if getattr(env_factory, "vector_env", None) is None:
+        return False
+    without = getattr(env_factory, "without_vectorization", None)
+    return without is None or without() != env_factory

@@ -26,8 +26,13 @@ class RandomPolicy(nn.Module):
             self.low = torch.from_numpy(np.where(self.bounded, low, 0.0).astype(np.float32))
             self.width = torch.from_numpy(np.where(self.bounded, high - low, 1.0).astype(np.float32))
 
+    def initial_state(self, batch_size: int) -> tuple:
+        return ()
+
     @torch.no_grad()
-    def act(self, observations: dict[str, torch.Tensor], deterministic: bool = False):
+    def act(self, observations: dict[str, torch.Tensor], state: tuple = (), episode_start: torch.Tensor | None = None,
+            deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+        """(actions, their log-probs, the unchanged empty state), as `Policy.act`."""
         n = next(iter(observations.values())).shape[0]
         space = self.action_space
         if isinstance(space, gym.spaces.Discrete):
@@ -41,4 +46,4 @@ class RandomPolicy(nn.Module):
             uniform = self.low + torch.rand(n, len(self.low)) * self.width
             actions = torch.where(self.bounded, uniform, torch.randn(n, len(self.low)))
             logp = torch.full((n,), -float(torch.log(self.width[self.bounded]).sum()))
-        return actions, logp
+        return actions, logp, state

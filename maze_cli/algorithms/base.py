@@ -1,0 +1,63 @@
+"""What an algorithm is to maze_cli: a class (its hyperparameters are its fields) that builds a run.
+
+An algorithm is one class plus one config file. The class subclasses its config dataclass (the
+single source of its defaults, registered with Hydra) and `Algorithm`, and builds its `Run` from the
+`Components` the builder made from the other config groups: the env, the policy network's config,
+and factories for the actors and the replay buffer. It never reads the config itself.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+import gymnasium as gym
+
+
+@dataclass
+class Components:
+    """The parts an algorithm builds its run from.
+
+    `make_actors(policy=..., n_rollout_steps=..., **more)` builds the runner's `DistributedActors`
+    (its class and options from the `runner` group, seeds and envs per actor filled in); an algorithm
+    may override any argument (e.g. `batch_size`, `initial_policy`, `env_factory`).
+    `make_replay_buffer(item_specs=...)` builds the `replay_buffer` group's buffer.
+    `network` is the `policy` group's config (`_target_` and arguments, the algorithm's
+    `network_defaults` filled in where the config left null).
+    `load_policy(path, where)` reads a checkpoint's policy, safely (allow-list) and checked against
+    this env's spaces; `where` names the config key in its error messages.
+    """
+
+    env_factory: Any
+    observation_space: gym.Space
+    action_space: gym.Space
+    network: dict[str, Any]
+    make_actors: Callable[..., Any]
+    make_replay_buffer: Callable[..., Any]
+    device: str
+    seed: int
+    load_policy: Callable[[str, str], Any]
+
+
+@dataclass
+class Run:
+    """What the trainer drives: the algorithm's loop, the actors or workers to start and stop, the
+    learner (for checkpoints) and the blueprint of the policy the actors act with (plain data: how
+    to rebuild it from a checkpoint)."""
+
+    loop: Any
+    runner: Any
+    learner: Any
+    blueprint: dict[str, Any]
+
+
+class Algorithm(abc.ABC):
+    """The interface every algorithm class implements (besides being its own config dataclass)."""
+
+    envs_per_actor: ClassVar[int] = 1  # what `runner.envs_per_actor: null` becomes
+    network_defaults: ClassVar[dict[str, Any]] = {}  # what `policy.<key>: null` becomes
+
+    @abc.abstractmethod
+    def build(self, parts: Components) -> Run:
+        """Make the policy, learner, actors (or workers) and loop of a run."""

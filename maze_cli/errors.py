@@ -1,0 +1,23 @@
+"""Errors a user can act on: printed as one line, never as a traceback (torch-free on purpose).
+
+Every error maze_cli raises for bad input or a failed run derives from `MazeCliError`; the
+command-line entry points recognise them by type and exit with the error's `exit_code`.
+"""
+
+from __future__ import annotations
+
+
+class MazeCliError(Exception):
+    """An error whose message is complete in one line (or a few, for an actor's traceback)."""
+
+    exit_code = 1
+
+
+class ConfigError(MazeCliError, ValueError):
+    """Input that cannot run (a config value, a file, an env); the message names the key and the fix."""
+
+    exit_code = 2
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used: unreadable, not maze_cli's, from another version, or untrusted."""

@@ -1,0 +1,107 @@
+"""Components from config: every group built from `_target_`, a user's own policy network and
+algorithm from --config-dir, and nothing unknown silently replaced."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.cli import TRAIN, run_train
+from tests.test_train import read_stats
+
+
+def write(config_dir, group: str, name: str, text: str) -> None:
+    (config_dir / group).mkdir(parents=True, exist_ok=True)
+    (config_dir / group / f"{name}.yaml").write_text(text)
+
+
+@pytest.mark.parametrize("group,target", [
+    ("policy", "maze_cli.policies.mlp.MlpNetwork"),
+    ("algorithm", "maze_cli.algorithms.impala.Impala"),
+    ("runner", "maze_cli.parallel.SubprocDistributedActors"),
+    ("replay_buffer", "maze_cli.buffers.UniformReplayBuffer"),
+])
+def test_each_group_carries_its_target_at_the_top(group, target):
+    out = subprocess.run([str(TRAIN), "+env=cartpole", "--cfg", "job", "-p", group], capture_output=True, text=True, check=True)
+    lines = [line for line in out.stdout.splitlines() if not line.startswith("#")]
+    assert lines[0] == f"_target_: {target}"
+
+
+def test_a_users_policy_network_and_algorithm_from_a_config_dir_train(tmp_path):
+    config_dir = tmp_path / "my_configs"
+    write(config_dir, "policy", "residual", "_target_: tests.user_components.ResidualMlp\nwidth: 24\n")
+    marker = tmp_path / "used"
+    write(config_dir, "algorithm", "loud", f"_target_: tests.user_components.LoudImpala\nmarker: {marker}\nlr: 0.002\n")
+    run_dir = tmp_path / "run"
+    result = run_train("--config-dir", str(config_dir), "+env=cartpole", "policy=residual", "algorithm=loud",
+                       "max_env_steps=60000", "epoch_length=10", "runner.envs_per_actor=16", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    assert marker.read_text() == "lr=0.002 network=tests.user_components.ResidualMlp"
+    stats = read_stats(run_dir)
+    assert stats[-1]["eval/best_return_mean"] > 100  # random play scores about 20: the user's network learned
+    from maze_cli.checkpoint import load_checkpoint
+
+    blueprint = load_checkpoint(run_dir / "checkpoints" / "last.pt")["policy_blueprint"]
+    assert blueprint["kwargs"]["network"] == {"_target_": "tests.user_components.ResidualMlp", "width": 24}
+
+
+@pytest.mark.parametrize("override,needles", [
+    (["algorithm=nope"], ["algorithm=nope", "impala", "sac"]),
+    (["runner=nope"], ["runner=nope", "subproc", "ray", "sequential"]),
+    (["policy=nope"], ["policy=nope", "mlp"]),
+    (["replay_buffer=nope"], ["replay_buffer=nope", "uniform", "prioritized"]),
+])
+def test_an_unknown_option_is_named_with_the_choices(tmp_path, override, needles):
+    result = run_train("+env=cartpole", *override, run_dir=tmp_path / "run")
+    assert result.returncode == 2
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1 and all(n in line for n in needles), line
+
+
+def test_a_users_config_with_a_key_its_class_does_not_take_is_named(tmp_path):
+    config_dir = tmp_path / "c"
+    write(config_dir, "policy", "residual", "_target_: tests.user_components.ResidualMlp\nwidht: 24\n")
+    result = run_train("--config-dir", str(config_dir), "+env=cartpole", "policy=residual", run_dir=tmp_path / "run")
+    assert result.returncode == 2
+    assert "policy.widht: unknown key (did you mean 'width'?)" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_target_that_cannot_be_imported_is_named(tmp_path):
+    config_dir = tmp_path / "c"
+    write(config_dir, "runner", "mine", "_target_: my_pkg.NoSuchRunner\nn_actors: 2\n")
+    result = run_train("--config-dir", str(config_dir), "+env=cartpole", "runner=mine", run_dir=tmp_path / "run")
+    assert result.returncode == 2
+    assert "runner._target_=my_pkg.NoSuchRunner: cannot import it" in result.stderr
+
+
+def test_a_class_that_is_not_an_algorithm_is_refused(tmp_path):
+    config_dir = tmp_path / "c"
+    write(config_dir, "algorithm", "odd", "_target_: collections.OrderedDict\n")
+    result = run_train("--config-dir", str(config_dir), "+env=cartpole", "algorithm=odd", run_dir=tmp_path / "run")
+    assert result.returncode == 2 and "not an algorithm class" in result.stderr, result.stderr
+
+
+def test_sac_refuses_infinite_action_bounds_in_one_line(tmp_path):
+    config_dir = tmp_path / "c"
+    write(config_dir, "env", "unbounded", "_target_: tests.envs.UnboundedActionEnv\n")
+    result = run_train("--config-dir", str(config_dir), "+env=unbounded", "algorithm=sac", run_dir=tmp_path / "run")
+    assert result.returncode == 2, result.stderr
+    assert "algorithm=sac needs finite action bounds" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_rollout_builds_a_users_network_only_when_allowed_by_name(tmp_path):
+    from maze_cli.cli.rollout import RolloutConfig, run_rollout
+    from maze_cli.errors import CheckpointError
+
+    config_dir = tmp_path / "c"
+    write(config_dir, "policy", "residual", "_target_: tests.user_components.ResidualMlp\n")
+    run_dir = tmp_path / "run"
+    result = run_train("--config-dir", str(config_dir), "+env=cartpole", "policy=residual", "max_env_steps=1", "epoch_length=1",
+                       "eval.episodes=1", "runner=sequential", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    checkpoint = str(run_dir / "checkpoints" / "last.pt")
+    with pytest.raises(CheckpointError, match="asks to build 'tests.user_components.ResidualMlp'"):
+        run_rollout(RolloutConfig(checkpoint=checkpoint, episodes=1))
+    assert run_rollout(RolloutConfig(checkpoint=checkpoint, episodes=1, allow=["tests.user_components.ResidualMlp"]))["return_mean"] > 0
