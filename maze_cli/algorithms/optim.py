@@ -1,8 +1,11 @@
 """The optimizer of every learner: torch's Adam, fused where the torch build has the kernel.
 
-Building a torch.optim optimizer imports torch._dynamo (about 1.7 s on a small machine, more than
-importing torch). Learners therefore build theirs lazily (`LazyOptimizer`), and `train` asks for it
-only once the actors are starting, so the import overlaps with actor start-up instead of delaying it.
+The first use of a torch.optim optimizer imports torch._dynamo (about 1 s on a small machine, as
+much as importing torch). Learners therefore build theirs lazily, and `train` asks for them only
+once the actors are starting, so the actors' start-up is not delayed; the learner's first update
+still is (a CartPole run to 475 takes about 1.4 s longer as a whole process than with a hand-written
+Adam; the training loop itself is as fast). Per step, torch's fused Adam costs about 50 us on a small
+network (the kernel itself about 14 us), which SAC pays three times per update.
 """
 
 from __future__ import annotations

@@ -142,10 +142,11 @@ class Sac(SacConfig, Algorithm):
     network_defaults = {"activation": "relu"}
 
     def build(self, parts: Components) -> Run:
-        if any(len(s) for s in _probe_state(parts)):
-            raise ConfigError("algorithm=sac takes feed-forward policy networks only (recurrent SAC is not supported)")
         kwargs = {"network": parts.network}
         policy = SacPolicy(parts.observation_space, parts.action_space, **kwargs)
+        if policy.is_recurrent:
+            raise ConfigError(f"algorithm=sac takes feed-forward policy networks only; policy._target_={parts.network['_target_']} "
+                              f"is recurrent (recurrent SAC is not supported: use algorithm=impala)")
         learner = SacLearner(policy, self, parts.network, parts.device)
         initial = self.initial_policy(parts) or RandomPolicy(parts.observation_space, parts.action_space)
         # Envs one by one: no autoreset steps, so every step is a transition for the buffer (the
@@ -167,10 +168,6 @@ class Sac(SacConfig, Algorithm):
         from maze_cli.policies.blueprint import initial_sampling_policy
 
         return initial_sampling_policy(self.initial_sampling_policy, parts.observation_space, parts.action_space, parts.load_policy)
-
-
-def _probe_state(parts: Components) -> State:
-    return build_network(parts.network, parts.observation_space).initial_state(1)
 
 
 class SacLearner:

@@ -52,13 +52,17 @@ def _target_and_arguments(section: str, config: Any) -> tuple[Any, dict[str, Any
 
 
 def _construct(section: str, cls: Any, **arguments: Any) -> Any:
-    """`cls(**arguments)`, with a wrong argument reported as the group's config problem."""
+    """`cls(**arguments)`, arguments that do not fit its signature reported as the group's config
+    problem (checked before the call, so a TypeError from inside the class stays a real crash)."""
+    import inspect
+
     try:
-        return cls(**arguments)
+        inspect.signature(cls).bind(**arguments)
     except TypeError as err:
-        if "argument" not in str(err):
-            raise
         raise ConfigError(f"{section}: {cls.__module__}.{cls.__qualname__} cannot be built from its config: {err}") from None
+    except ValueError:  # no signature to check (a builtin): let the call speak
+        pass
+    return cls(**arguments)
 
 
 def trusted_targets(config: dict[str, Any]) -> frozenset[str]:
