@@ -38,7 +38,7 @@ def explain(err: BaseException, argv: list[str]) -> str | None:
         return str(err)
     if isinstance(err, MissingConfigException):
         group, _, name = str(err.missing_cfg_file or "").rpartition("/")
-        options = ", ".join(sorted(err.options or []))
+        options = ", ".join(sorted(o for o in err.options or [] if not o.endswith("_schema")))  # schemas are not choices
         if group:
             return f"{group}={name}: no such {group} config; available: {options}"
         return _first_line(str(err))
