@@ -116,6 +116,13 @@ class Rollout:
         return self.terminated | self.truncated
 
     @property
+    def nbytes(self) -> int:
+        """Bytes held by all of this record's tensors (observations in their own dtype)."""
+        sizes: list[int] = []
+        self.map(lambda t: sizes.append(t.element_size() * t.nelement()) or t)
+        return sum(sizes)
+
+    @property
     def n_steps(self) -> int:
         return self.actions.shape[0]
 

@@ -152,3 +152,65 @@ class UnboundedActionEnv(CountingEnv):
     def __init__(self, length: int = 5):
         super().__init__(length, action_kind="box")
         self.action_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+
+
+class CueRecallEnv(gym.Env):
+    """A memory task: step 0 shows one of two cues, then `delay` blank steps, then a query step where
+    the action must name the cue (reward 1, else 0). Without memory the best is chance (0.5)."""
+
+    def __init__(self, delay: int = 4):
+        self.delay = delay
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (3,), np.float32)  # [cue 0, cue 1, query]
+        self.action_space = gym.spaces.Discrete(2)
+
+    def _obs(self) -> np.ndarray:
+        obs = np.zeros(3, dtype=np.float32)
+        if self.t == 0:
+            obs[self.cue] = 1.0
+        if self.t == self.delay + 1:
+            obs[2] = 1.0
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.cue = 0, int(self.np_random.integers(2))
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        if self.t <= self.delay + 1:
+            return self._obs(), 0.0, False, False, {}
+        return np.zeros(3, dtype=np.float32), float(int(action) == self.cue), True, False, {}
+
+
+class ImageEnv(gym.Env):
+    """Pixels that say which action pays: a uint8 frame (HWC or CHW) whose left or right half is lit;
+    action 0 pays for the left, 1 for the right. `with_vector` adds a Dict key beside the image."""
+
+    def __init__(self, size: int = 12, layout: str = "hwc", dtype: str = "uint8", with_vector: bool = False, length: int = 8):
+        shape = (size, size, 3) if layout == "hwc" else (3, size, size)
+        high = 1 if dtype == "bool" else 255
+        image = gym.spaces.Box(0, high, shape, np.dtype(dtype))
+        self.observation_space = gym.spaces.Dict({"image": image, "vec": gym.spaces.Box(-1.0, 1.0, (2,), np.float32)}) if with_vector else image
+        self.action_space = gym.spaces.Discrete(2)
+        self.layout, self.size, self.high, self.with_vector, self.length = layout, size, high, with_vector, length
+        self.dtype = np.dtype(dtype)
+
+    def _obs(self):
+        frame = np.zeros((self.size, self.size, 3), dtype=self.dtype)
+        half = slice(0, self.size // 2) if self.side == 0 else slice(self.size // 2, self.size)
+        frame[:, half, :] = self.high
+        if self.layout == "chw":
+            frame = frame.transpose(2, 0, 1).copy()
+        return {"image": frame, "vec": np.zeros(2, np.float32)} if self.with_vector else frame
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.side = 0, int(self.np_random.integers(2))
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = float(int(action) == self.side)
+        self.t += 1
+        self.side = int(self.np_random.integers(2))
+        return self._obs(), reward, self.t >= self.length, False, {}

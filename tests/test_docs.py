@@ -17,6 +17,7 @@ SECTIONS = {
     "### `algorithm=sac`": schema.SacConfig,
     "### `replay_buffer=uniform`": schema.PrioritizedReplayConfig,
     "### `policy=mlp`": schema.MlpPolicyConfig,
+    "### `policy=cnn`": schema.CnnPolicyConfig,
     "### `runner=subproc`": schema.SubprocRunnerConfig,
     "### `runner=ray`": schema.RayRunnerConfig,
 }

@@ -12,18 +12,24 @@ from maze_cli.parallel import SequentialDistributedActors, SubprocDistributedAct
 from maze_cli.policies import ActorCritic, mlp_network
 from tests.envs import CountingEnv
 
-GRU = {"_target_": "tests.recurrent.TinyGru", "size": 8}
+GRU = {"_target_": "tests.recurrent.TinyGru", "size": 8}  # a user's recurrent network
+NETWORKS = {
+    "user-gru": GRU,
+    "mlp-lstm": {**mlp_network((8,)), "core": "lstm", "core_size": 8},
+    "mlp-gru": {**mlp_network((8,)), "core": "gru", "core_size": 8},
+}
 
 
-def gru_policy(env) -> ActorCritic:
+def gru_policy(env, network: dict = GRU) -> ActorCritic:
     torch.manual_seed(0)
-    return ActorCritic(env.observation_space, env.action_space, GRU)
+    return ActorCritic(env.observation_space, env.action_space, network)
 
 
+@pytest.mark.parametrize("network", NETWORKS)
 @pytest.mark.parametrize("cls", [SequentialDistributedActors, SubprocDistributedActors])
-def test_the_learner_unrolls_a_recurrent_policy_exactly_as_the_actors_stepped_it(cls):
+def test_the_learner_unrolls_a_recurrent_policy_exactly_as_the_actors_stepped_it(cls, network):
     env_fn = partial(CountingEnv, length=7)  # episodes end inside and across rollouts of 5 steps
-    policy = gru_policy(env_fn())
+    policy = gru_policy(env_fn(), NETWORKS[network])
     with cls(env_fn, policy, n_rollout_steps=5, n_actors=1, batch_size=1, envs_per_actor=3, actor_env_seeds=[1]) as actors:
         batches = [actors.collect_outputs("cpu")[0] for _ in range(3)]
     for batch in batches:
@@ -65,3 +71,40 @@ def test_every_field_of_a_collected_record_is_written():
                          ("logp", batch.behaviour_logp), ("rewards", batch.rewards), ("state", batch.initial_state[0])]:
         assert torch.isfinite(tensor).all(), name
     assert (batch.actions >= 0).all() and (batch.policy_version >= 0).all()
+
+
+def memory_run(tmp_path, core: str):
+    from tests.cli import run_train
+    from tests.test_train import read_stats
+
+    config_dir = tmp_path / "configs"
+    (config_dir / "env").mkdir(parents=True, exist_ok=True)
+    (config_dir / "env" / "cue.yaml").write_text("_target_: tests.envs.CueRecallEnv\ndelay: 4\n")
+    run_dir = tmp_path / core
+    result = run_train("--config-dir", str(config_dir), "+env=cue", f"policy.core={core}", "runner.envs_per_actor=16",
+                       "target_return=0.95", "eval.episodes=20", "max_env_steps=250000", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    return run_dir, read_stats(run_dir)
+
+
+@pytest.mark.slow
+def test_a_memory_task_is_learned_with_the_lstm_core_and_not_without(tmp_path):
+    """Recall a cue shown 5 steps earlier: chance (0.5) is the best a memoryless policy can do."""
+    _, with_memory = memory_run(tmp_path, "lstm")
+    assert with_memory[-1]["eval/return_mean"] >= 0.95 and with_memory[-1]["env_steps"] < 250000
+    _, without = memory_run(tmp_path, "identity")
+    assert without[-1]["env_steps"] >= 250000
+    assert max(row["train/return_window_mean"] for row in without if "train/return_window_mean" in row) < 0.65
+
+
+def test_a_recurrent_run_resumes_from_its_checkpoint(tmp_path):
+    from tests.cli import run_train
+    from tests.test_train import read_stats
+
+    run_dir = tmp_path / "run"
+    first = run_train("+env=cartpole", "policy.core=lstm", "policy.core_size=16", "runner.envs_per_actor=8", "max_env_steps=20000",
+                      "epoch_length=5", "eval.episodes=2", run_dir=run_dir)
+    assert first.returncode == 0, first.stderr
+    resumed = run_train(f"resume={run_dir}", "max_env_steps=40000")
+    assert resumed.returncode == 0, resumed.stderr
+    assert read_stats(run_dir)[-1]["env_steps"] >= 40000

@@ -53,7 +53,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     from maze_cli.envs.factory import EnvFactory
     from maze_cli.errors import CheckpointError
     from maze_cli.evaluation import run_episodes
-    from maze_cli.policies.blueprint import check_spaces
+    from maze_cli.policies.blueprint import check_spaces, is_own_env_maker
     from maze_cli.seeding import derive_seeds
 
     path = Path(cfg.checkpoint)
@@ -63,7 +63,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     if not isinstance(env_config, dict):
         raise CheckpointError(f"{where}: the checkpoint names no env (config.env)")
     env_target = env_config.get("_target_")
-    if env_target is not None and env_target not in cfg.allow and not cfg.trust_checkpoint:
+    if env_target is not None and env_target not in cfg.allow and not cfg.trust_checkpoint and not is_own_env_maker(env_target):
         raise CheckpointError(f"{where}: its env is built by '{env_target}', a callable the checkpoint names; refused. "
                               f"Allow it by name with allow=[{env_target}], or trust_checkpoint=true (runs code from the file)")
     policy = load_policy(path, cfg.allow, cfg.trust_checkpoint, where)

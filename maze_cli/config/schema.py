@@ -143,6 +143,19 @@ class MlpPolicyConfig:
     _target_: str = "maze_cli.policies.mlp.MlpNetwork"
     hidden_sizes: List[int] = _f([64, 64], ge=1)
     activation: Optional[str] = _f(None, choices=("tanh", "relu", "elu"))  # None: the algorithm's choice
+    core: str = _f("identity", choices=("identity", "lstm", "gru"))  # lstm / gru: a recurrent core (memory)
+    core_size: Optional[int] = _f(None, ge=1)  # units of a recurrent core; None: 128
+
+
+@dataclass
+class CnnPolicyConfig(MlpPolicyConfig):
+    """Conv encoders for image observations (HWC or CHW), the other keys flattened, then the MLP and core."""
+
+    _target_: str = "maze_cli.policies.cnn.CnnNetwork"
+    encoder: str = _f("auto", choices=("auto", "impala", "nature", "small"))  # auto: small below 32 px a side, else impala
+    hidden_sizes: List[int] = _f([256], ge=1)
+    activation: Optional[str] = _f("relu", choices=("tanh", "relu", "elu"))
+    channels_last: Optional[bool] = None  # None: guessed from each image's shape
 
 
 # -- runner -----------------------------------------------------------------------------------------
@@ -179,7 +192,7 @@ class RayRunnerConfig(SequentialRunnerConfig):
 # which the YAML file `conf/<group>/<option>.yaml` extends.
 SCHEMAS: dict[str, dict[str, type]] = {
     "algorithm": {"impala": ImpalaConfig, "sac": SacConfig},
-    "policy": {"mlp": MlpPolicyConfig},
+    "policy": {"mlp": MlpPolicyConfig, "cnn": CnnPolicyConfig},
     "runner": {"sequential": SequentialRunnerConfig, "subproc": SubprocRunnerConfig, "ray": RayRunnerConfig},
     "replay_buffer": {"uniform": UniformReplayConfig, "prioritized": PrioritizedReplayConfig},
 }

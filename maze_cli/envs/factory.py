@@ -13,7 +13,10 @@ from maze_cli.errors import ConfigError
 __all__ = ["EnvFactory", "EnvConfigError", "UnsupportedSpaceError"]
 
 # Keys of an env config that configure maze_cli rather than the env itself.
-ID_KEYS = ("id", "kwargs", "max_episode_steps", "vectorize")
+ID_KEYS = ("id", "kwargs", "max_episode_steps", "vectorize", "register", "check", "reward_clip")
+OWN_KEYS = ("check", "reward_clip")  # keys of any env config that maze_cli reads (never passed to the env)
+# Optional extras that bring env packages, by the module an env config registers its ids from.
+EXTRAS = {"minatar": "minatar", "ale_py": "atari", "minigrid": "minigrid"}
 
 
 class EnvConfigError(ConfigError):
@@ -27,7 +30,11 @@ class EnvFactory:
     `config` is a plain mapping: either `{id, kwargs, max_episode_steps, vectorize}` for
     `gymnasium.make`, or `{_target_: "pkg.module.Callable", **arguments}` for a user's own env.
     `vectorize` (default true): actors step their envs with the env's own vectorized implementation
-    where gymnasium registers one (`vector_entry_point`).
+    where gymnasium registers one (`vector_entry_point`). `register`: a module imported (and its
+    `register_envs()` called, if it has one) before `gymnasium.make`, for packages whose ids exist
+    only then (e.g. `minatar.gym`). `check` (default true, either kind): run the env checks before
+    any actor starts. `reward_clip` (either kind): the learner sees rewards clipped to
+    [-reward_clip, reward_clip], while the episode returns in the stats stay the env's own.
     """
 
     config: Mapping[str, Any]
@@ -35,9 +42,9 @@ class EnvFactory:
     def __post_init__(self) -> None:
         has_id = self.config.get("id") is not None
         has_target = self.config.get("_target_") is not None
-        if has_id == has_target:
-            raise EnvConfigError("env: give exactly one of env.id (a registered gymnasium id) or env._target_")
-        if has_id:
+        if not (has_id or has_target):
+            raise EnvConfigError("env: give env.id (a registered gymnasium id) or env._target_ (a callable returning an env)")
+        if has_id and not has_target:  # with a _target_, `id` is one of the callable's arguments
             unknown = sorted(set(self.config) - set(ID_KEYS))
             if unknown:
                 raise EnvConfigError(
@@ -49,8 +56,9 @@ class EnvFactory:
         if self.config.get("_target_") is not None:
             from hydra.utils import instantiate
 
-            env = instantiate(dict(self.config), _convert_="all")
+            env = instantiate({k: v for k, v in self.config.items() if k not in OWN_KEYS}, _convert_="all")
         else:
+            self._register()
             kwargs = dict(self.config.get("kwargs") or {})
             max_steps = self.config.get("max_episode_steps")
             if max_steps is not None:
@@ -60,11 +68,28 @@ class EnvFactory:
             raise EnvConfigError(f"env: {self.config.get('_target_')} returned {type(env).__name__}, not a gymnasium.Env")
         return env
 
+    def _register(self) -> None:
+        """Import `register`'s module so that the env's id exists (in every process that makes it)."""
+        module_name = self.config.get("register")
+        if not module_name or self.config["id"] in gym.registry:
+            return
+        import importlib
+
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as err:
+            top = module_name.split(".")[0]
+            extra = f"pip install 'maze_cli[{EXTRAS[top]}]' (or pip install {top})" if top in EXTRAS else f"install the package that provides {module_name}"
+            raise EnvConfigError(f"env.register={module_name}: cannot import it ({err}); {extra}") from None
+        if callable(getattr(module, "register_envs", None)):
+            module.register_envs()
+
     def vector_env(self, n_envs: int) -> gym.vector.VectorEnv | None:
         """`n_envs` copies as the env's own vectorized implementation, or None where there is none
         (or `vectorize` is off)."""
-        if self.config.get("id") is None or not self.config.get("vectorize", True):
+        if self.config.get("_target_") is not None or not self.config.get("vectorize", True):
             return None
+        self._register()
         if gym.spec(self.config["id"]).vector_entry_point is None:
             return None
         kwargs = dict(self.config.get("kwargs") or {})
@@ -74,10 +99,14 @@ class EnvFactory:
 
     def without_vectorization(self) -> "EnvFactory":
         """The same env, always built one by one."""
-        return EnvFactory({**self.config, "vectorize": False}) if self.config.get("id") is not None else self
+        return EnvFactory({**self.config, "vectorize": False}) if self.config.get("_target_") is None else self
 
     def describe(self) -> str:
         return str(self.config.get("id") or self.config.get("_target_"))
+
+    @property
+    def reward_clip(self) -> float | None:
+        return self.config.get("reward_clip")
 
     def check(self) -> tuple[gym.Space, gym.Space]:
         """Build one env in this process, check its spaces are supported, and return them.
@@ -90,19 +119,40 @@ class EnvFactory:
             raise
         except Exception as err:  # anything the env's own constructor raises is a config problem here
             cause = err.__cause__ if err.__cause__ is not None and "Error in call to target" in str(err) else err
-            what = f"env.id={self.config['id']}" if self.config.get("id") else f"env._target_={self.config['_target_']}"
+            what = f"env._target_={self.config['_target_']}" if self.config.get("_target_") else f"env.id={self.config['id']}"
             raise EnvConfigError(f"{what}: {type(cause).__name__}: {str(cause).strip().splitlines()[0]}") from err
         try:
             observation_specs(env.observation_space)
             action_spec(env.action_space)
-            self._run_env_checker(env)
+            if self.config.get("check", True):
+                self._check_spaces(env)
+                self._run_env_checker(env)
             return env.observation_space, env.action_space
         finally:
             env.close()
 
+    def _check_spaces(self, env: gym.Env) -> None:
+        """The env as built (wrappers included) keeps its declared spaces on reset and a few random
+        steps: a violation would only surface later as a reshape error inside an actor."""
+        space = env.observation_space
+        observation, _ = env.reset(seed=0)
+        self._require(space.contains(observation), f"its reset() observation is outside its observation space {space}")
+        for _ in range(5):
+            observation, _, terminated, truncated, _ = env.step(env.action_space.sample())
+            self._require(space.contains(observation), f"a step() observation is outside its observation space {space}")
+            if terminated or truncated:
+                env.reset()
+
+    def _require(self, ok: bool, problem: str) -> None:
+        if not ok:
+            raise EnvConfigError(f"env {self.describe()} fails the env checker: {problem} (a wrapper or the env breaks "
+                                 f"its declared space; fix it, or env.check=false to skip the checks)")
+
     def _run_env_checker(self, env: gym.Env) -> None:
-        """gymnasium's env checker (observations inside their space, dtypes, shapes, reset/step
-        signatures); its advice-only warnings are silenced, its errors become one line."""
+        """gymnasium's env checker on the env as built: its findings (determinism under a seed,
+        signatures, advice) are warnings in the log, not errors: simulators and real-world envs often
+        are not deterministic, and the spaces are checked above."""
+        import logging
         import warnings
 
         from gymnasium.utils.env_checker import check_env
@@ -110,7 +160,8 @@ class EnvFactory:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                check_env(env.unwrapped, skip_render_check=True)
-        except Exception as err:
+                check_env(env, skip_render_check=True)
+        except Exception as err:  # noqa: BLE001 - any finding of the checker
             message = " ".join(str(err).split())
-            raise EnvConfigError(f"env {self.describe()} fails gymnasium's env checker: {message}") from err
+            logging.getLogger("maze_cli").warning(f"env {self.describe()}: gymnasium's env checker says: {message} "
+                                                  f"(training goes on; env.check=false skips the checks)")

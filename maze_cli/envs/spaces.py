@@ -23,10 +23,14 @@ class UnsupportedSpaceError(ConfigError):
 
 
 def _numpy_to_torch_dtype(dtype: np.dtype) -> torch.dtype:
+    """Floats as float32; bool and uint8 kept as they are (frames stay a byte per pixel in shared
+    memory and replay buffers; networks scale them); other integers as int64."""
     if np.issubdtype(dtype, np.floating):
         return torch.float32
     if np.issubdtype(dtype, np.bool_):
         return torch.bool
+    if dtype == np.uint8:
+        return torch.uint8
     return torch.int64
 
 
@@ -44,7 +48,7 @@ def observation_specs(space: gym.Space) -> dict[str, TensorSpec]:
     specs = {}
     for key, sub in _flatten_spaces(space).items():
         if isinstance(sub, gym.spaces.Box):
-            specs[key] = TensorSpec(tuple(sub.shape), torch.float32)
+            specs[key] = TensorSpec(tuple(sub.shape), _numpy_to_torch_dtype(sub.dtype))
         elif isinstance(sub, gym.spaces.Discrete):
             specs[key] = TensorSpec((), torch.int64)
         elif isinstance(sub, gym.spaces.MultiBinary):

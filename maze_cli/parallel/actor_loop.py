@@ -52,6 +52,7 @@ class Actor:
         self.env_seed = env_seed
         self.agent_seed = agent_seed
         self.envs = make_env_batch(env_factory, n_envs)
+        self.reward_clip = getattr(env_factory, "reward_clip", None)  # the learner's rewards; stats keep the env's
         self.policy = copy.deepcopy(policy).requires_grad_(False)
         self.initial_policy = initial_policy
         self.policy_version = 0
@@ -108,7 +109,8 @@ class Actor:
             step = self.envs.step(actions.numpy())
             t2 = time.perf_counter()
             self.envs.write(step.observations, {key: value[t + 1] for key, value in out.observations.items()})
-            out.rewards[t].copy_(torch.from_numpy(step.rewards))
+            rewards = torch.from_numpy(step.rewards)
+            out.rewards[t].copy_(rewards if self.reward_clip is None else rewards.clamp(-self.reward_clip, self.reward_clip))
             out.terminated[t].copy_(torch.from_numpy(step.terminated))
             out.truncated[t].copy_(torch.from_numpy(step.truncated))
             out.autoreset[t].copy_(torch.from_numpy(step.autoreset))

@@ -9,6 +9,7 @@ filled slots wait for the learner, which bounds how stale a rollout can be (see
 from __future__ import annotations
 
 import copy
+import logging
 import multiprocessing as mp
 import multiprocessing.connection
 
@@ -28,6 +29,7 @@ from maze_cli.parallel.shared_weights import SharedWeights
 from maze_cli.records import Rollout, RolloutSpec
 from maze_cli.start_methods import default_start_method, warm_up_start_method
 
+log = logging.getLogger("maze_cli")
 _POLL_S = 0.2
 _JOIN_TIMEOUT_S = 5.0
 
@@ -156,6 +158,8 @@ class SubprocDistributedActors(DistributedActors):
         warm_up_start_method(self.start_method)
         n_slots = self.queue_size + self.n_actors + self.max_restarts
         self.slots = self.rollout_spec.allocate(shared=True, n_slots=n_slots)
+        total = self.slots.nbytes
+        log.info(f"shared memory: {total / n_slots / 2**20:.2f} MiB per rollout slot, {n_slots} slots, {total / 2**20:.1f} MiB in all")
         self.free_slots = self._ctx.Queue()
         for slot in range(n_slots):
             self.free_slots.put(slot)

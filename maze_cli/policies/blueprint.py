@@ -54,6 +54,18 @@ def _is_own_module_class(obj: Any) -> bool:
     )
 
 
+def is_own_env_maker(target: str) -> bool:
+    """An env callable of maze_cli itself (e.g. maze_cli.envs.atari.make_atari): safe to call from a checkpoint."""
+    from hydra.utils import get_object
+
+    try:
+        obj = get_object(target)
+    except Exception:  # noqa: BLE001
+        return False
+    module = getattr(obj, "__module__", "") or ""
+    return target.startswith(OWN_PACKAGE + ".envs.") and (module == OWN_PACKAGE or module.startswith(OWN_PACKAGE + "."))
+
+
 def check_allowed(blueprint: dict[str, Any], trusted: Iterable[str], where: str) -> None:
     """Refuse a blueprint naming anything but maze_cli's own module classes and `trusted` paths."""
     from hydra.utils import get_object

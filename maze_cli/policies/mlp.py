@@ -10,8 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from maze_cli.errors import ConfigError
 from maze_cli.envs.spaces import _flatten_spaces, observation_specs
-from maze_cli.policies.base import FeedForwardNetwork, Observations
+from maze_cli.policies.base import Observations, PolicyNetwork, State
+from maze_cli.policies.cores import make_core
 
 
 class _SigmoidTanh(torch.autograd.Function):
@@ -58,6 +60,11 @@ def linear(n_in: int, n_out: int, gain: float) -> nn.Linear:
     return layer
 
 
+def as_float(x: torch.Tensor) -> torch.Tensor:
+    """Observations as floats for a network: uint8 (pixels) scaled to [0, 1], the rest as they are."""
+    return x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
+
+
 class ObservationEncoder(nn.Module):
     """Flattens each observation key (Box as floats, Discrete one-hot) and concatenates them."""
 
@@ -79,33 +86,48 @@ class ObservationEncoder(nn.Module):
             if key in self.n_categories:
                 parts.append(F.one_hot(x.long(), self.n_categories[key]).float())
             else:
-                parts.append(x.reshape(*lead, -1).float())
+                parts.append(as_float(x).reshape(*lead, -1))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
-class MlpNetwork(FeedForwardNetwork):
-    """Encoded observations through `hidden_sizes` layers, each followed by `activation`.
+class MlpNetwork(PolicyNetwork):
+    """Encoded observations through `hidden_sizes` layers (each followed by `activation`), then the core.
 
     :param observation_space: the env's observation space (any supported kind, Dict included).
     :param hidden_sizes: widths of the hidden layers; empty: the encoded observations themselves.
     :param activation: tanh, relu or elu.
+    :param core: identity (no memory), lstm or gru.
+    :param core_size: units of a recurrent core (default 128).
     """
 
-    def __init__(self, observation_space: gym.Space, hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh"):
+    def __init__(self, observation_space: gym.Space, hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh",
+                 core: str = "identity", core_size: int | None = None):
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation '{activation}': use one of {', '.join(ACTIVATIONS)}")
-        self.encoder = ObservationEncoder(observation_space)
-        layers: list[nn.Module] = []
-        n_in = self.encoder.out_dim
-        for width in hidden_sizes:
-            layers += [linear(n_in, int(width), math.sqrt(2)), ACTIVATIONS[activation]()]
-            n_in = int(width)
-        self.torso = nn.Sequential(*layers)
-        self.out_dim = n_in
+        self.encoder = self.make_encoder(observation_space, activation)
+        self.torso, n_in = hidden_layers(self.encoder.out_dim, hidden_sizes, activation)
+        self.core = make_core(core, n_in, core_size)
+        self.out_dim = self.core.out_dim
 
-    def features(self, observations: Observations) -> torch.Tensor:
-        return self.torso(self.encoder(observations))
+    def make_encoder(self, observation_space: gym.Space, activation: str) -> nn.Module:
+        """Observations -> one flat feature vector (subclasses encode images with convolutions)."""
+        return ObservationEncoder(observation_space)
+
+    def initial_state(self, batch_size: int) -> State:
+        return self.core.initial_state(batch_size)
+
+    def forward(self, observations: Observations, state: State = (), episode_start: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+        return self.core(self.torso(self.encoder(observations)), state, episode_start)
+
+
+def hidden_layers(n_in: int, hidden_sizes: Sequence[int], activation: str) -> tuple[nn.Sequential, int]:
+    """Linear layers of `hidden_sizes`, each followed by `activation`; returns them and the output width."""
+    if activation not in ACTIVATIONS:
+        raise ConfigError(f"activation '{activation}': use one of {', '.join(ACTIVATIONS)}")
+    layers: list[nn.Module] = []
+    for width in hidden_sizes:
+        layers += [linear(n_in, int(width), math.sqrt(2)), ACTIVATIONS[activation]()]
+        n_in = int(width)
+    return nn.Sequential(*layers), n_in
 
 
 def mlp_network(hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh") -> dict[str, Any]:

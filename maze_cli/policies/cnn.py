@@ -1,0 +1,121 @@
+"""The CNN policy network (`policy=cnn`): a conv encoder for every image-shaped observation, the
+other keys flattened, all concatenated, then hidden layers and the core.
+
+An image is a Box of 3 dims (HWC or CHW: the channel axis is the smaller of the first and last,
+HWC on a tie, or as `channels_last` says) or of 2 dims (one channel). uint8 pixels are scaled to
+[0, 1] and bools become 0/1 inside the network, so frames travel as bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from maze_cli.errors import ConfigError
+from maze_cli.envs.spaces import _flatten_spaces, observation_specs
+from maze_cli.policies.base import Observations
+from maze_cli.policies.mlp import ObservationEncoder, MlpNetwork, as_float
+
+ENCODERS = ("auto", "impala", "nature", "small")
+
+
+def is_image(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Box) and (len(space.shape) == 3 or (len(space.shape) == 2 and min(space.shape) >= 8))
+
+
+class _Residual(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.block = nn.Sequential(nn.ReLU(), nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU(),
+                                   nn.Conv2d(channels, channels, 3, padding=1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.block(x)
+
+
+def conv_stack(kind: str, in_channels: int) -> nn.Sequential:
+    """impala: the residual net of Espeholt et al. 2018 (3 stages of 16, 32, 32 channels);
+    nature: Mnih et al. 2015 (for 84 x 84 frames); small: one 3x3 conv of 16 (MinAtar's baseline)."""
+    if kind == "impala":
+        layers: list[nn.Module] = []
+        for out in (16, 32, 32):
+            layers += [nn.Conv2d(in_channels, out, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1), _Residual(out), _Residual(out)]
+            in_channels = out
+        return nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
+    if kind == "nature":
+        return nn.Sequential(nn.Conv2d(in_channels, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                             nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+    if kind == "small":
+        return nn.Sequential(nn.Conv2d(in_channels, 16, 3, stride=1), nn.ReLU(), nn.Flatten())
+    raise ConfigError(f"policy.encoder={kind}: use one of {', '.join(ENCODERS)}")
+
+
+class ImageEncoder(nn.Module):
+    """One image key: to float CHW, through the conv stack, flattened."""
+
+    def __init__(self, shape: tuple[int, ...], kind: str, channels_last: bool | None):
+        super().__init__()
+        if len(shape) == 2:
+            self.layout, (height, width), channels = "hw", shape, 1
+        else:
+            last = channels_last if channels_last is not None else shape[-1] <= shape[0]
+            self.layout = "hwc" if last else "chw"
+            (height, width, channels) = shape if last else (shape[1], shape[2], shape[0])
+        self.n_dims = len(shape)
+        if kind == "auto":  # MinAtar-sized boards get MinAtar's own small net; frames the IMPALA net
+            kind = "small" if min(height, width) < 32 else "impala"
+        self.convs = conv_stack(kind, channels)
+        with torch.no_grad():
+            self.out_dim = int(self.convs(torch.zeros(1, channels, height, width)).shape[-1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[: x.dim() - self.n_dims]
+        x = as_float(x).reshape(-1, *x.shape[len(lead):])
+        if self.layout == "hwc":
+            x = x.permute(0, 3, 1, 2)
+        elif self.layout == "hw":
+            x = x.unsqueeze(1)
+        return self.convs(x).reshape(*lead, self.out_dim)
+
+
+class MixedEncoder(nn.Module):
+    """Images through conv encoders, every other key flattened (`ObservationEncoder`), concatenated."""
+
+    def __init__(self, observation_space: gym.Space, kind: str, channels_last: bool | None):
+        super().__init__()
+        spaces = _flatten_spaces(observation_space)
+        self.image_keys = [k for k, s in spaces.items() if is_image(s)]
+        if not self.image_keys:
+            raise ConfigError(f"policy=cnn: the observation space {observation_space} has no image (a Box of 3 dims, "
+                             f"HWC or CHW, or of 2 dims); use policy=mlp")
+        specs = observation_specs(observation_space)
+        self.images = nn.ModuleDict({k.replace("/", "."): ImageEncoder(specs[k].shape, kind, channels_last) for k in self.image_keys})
+        others = {k: s for k, s in spaces.items() if k not in self.image_keys}
+        self.vectors = ObservationEncoder(gym.spaces.Dict(others)) if others else None
+        self.out_dim = sum(e.out_dim for e in self.images.values()) + (self.vectors.out_dim if self.vectors else 0)
+
+    def forward(self, observations: Observations) -> torch.Tensor:
+        parts = [self.images[k.replace("/", ".")](observations[k]) for k in self.image_keys]
+        if self.vectors is not None:
+            parts.append(self.vectors({k: v for k, v in observations.items() if k not in self.image_keys}))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+class CnnNetwork(MlpNetwork):
+    """`policy=cnn`: conv encoders for the images, then `hidden_sizes` layers and the core.
+
+    :param encoder: auto (default: small below 32 pixels a side, else impala), impala (Espeholt et al.
+        2018), nature (Mnih et al. 2015, for 84 x 84 Atari frames) or small (MinAtar's 10 x 10).
+    :param channels_last: force the image layout (null: guessed from the shape).
+    """
+
+    def __init__(self, observation_space: gym.Space, encoder: str = "auto", hidden_sizes: Sequence[int] = (256,),
+                 activation: str = "relu", core: str = "identity", core_size: int | None = None, channels_last: bool | None = None):
+        self._encoder_kind, self._channels_last = encoder, channels_last
+        super().__init__(observation_space, hidden_sizes, activation, core, core_size)
+
+    def make_encoder(self, observation_space: gym.Space, activation: str) -> nn.Module:
+        return MixedEncoder(observation_space, self._encoder_kind, self._channels_last)

@@ -1,0 +1,107 @@
+"""The CNN policy network: image layouts and dtypes, Dict of image + vector, bytes in shared memory,
+and a pixel task learned end to end."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from maze_cli.envs.spaces import observation_specs
+from maze_cli.errors import ConfigError
+from maze_cli.policies.cnn import CnnNetwork
+from tests.cli import run_train
+from tests.envs import ImageEnv
+from tests.test_train import read_stats
+
+
+@pytest.mark.parametrize("encoder,shape", [("impala", (10, 10, 4)), ("small", (10, 10, 6)), ("impala", (4, 84, 84)),
+                                           ("nature", (4, 84, 84)), ("nature", (84, 84, 3)), ("impala", (84, 84))])
+@pytest.mark.parametrize("dtype", [np.uint8, np.bool_, np.float32])
+def test_conv_features_have_the_declared_width_for_every_layout_and_dtype(encoder, shape, dtype):
+    space = gym.spaces.Box(0, 1 if dtype is np.bool_ else 255, shape, dtype)
+    net = CnnNetwork(space, encoder=encoder, hidden_sizes=[32])
+    spec = observation_specs(space)["obs"]
+    x = torch.from_numpy(np.stack([space.sample() for _ in range(6)])).reshape(3, 2, *shape).to(spec.dtype)
+    features, state = net({"obs": x}, (), None)
+    assert features.shape == (3, 2, 32) and state == () and torch.isfinite(features).all()
+
+
+def test_hwc_and_chw_frames_of_the_same_picture_give_the_same_features():
+    hwc, chw = (gym.spaces.Box(0, 255, s, np.uint8) for s in ((12, 12, 3), (3, 12, 12)))
+    torch.manual_seed(0)
+    a = CnnNetwork(hwc, hidden_sizes=[8])
+    torch.manual_seed(0)
+    b = CnnNetwork(chw, hidden_sizes=[8])
+    frame = torch.randint(0, 256, (1, 12, 12, 3), dtype=torch.uint8)
+    torch.testing.assert_close(a({"obs": frame.unsqueeze(0)})[0], b({"obs": frame.permute(0, 3, 1, 2).unsqueeze(0)})[0])
+
+
+def test_uint8_frames_are_scaled_inside_the_network():
+    space = gym.spaces.Box(0, 255, (12, 12, 3), np.uint8)
+    net = CnnNetwork(space, hidden_sizes=[8])
+    frame = torch.full((1, 1, 12, 12, 3), 255, dtype=torch.uint8)
+    torch.testing.assert_close(net({"obs": frame})[0], net({"obs": torch.ones(1, 1, 12, 12, 3)})[0])
+
+
+def test_a_dict_of_image_and_vector_concatenates_both():
+    env = ImageEnv(with_vector=True)
+    net = CnnNetwork(env.observation_space, encoder="small", hidden_sizes=[])
+    image_only = CnnNetwork(ImageEnv().observation_space, encoder="small", hidden_sizes=[])
+    assert net.out_dim == image_only.out_dim + 2
+    specs = observation_specs(env.observation_space)
+    obs = {k: torch.zeros((2, 5) + s.shape, dtype=s.dtype) for k, s in specs.items()}
+    assert net(obs)[0].shape == (2, 5, net.out_dim)
+
+
+def test_no_image_in_the_observations_is_one_clear_error():
+    with pytest.raises(ConfigError, match="no image"):
+        CnnNetwork(gym.spaces.Box(-1, 1, (4,), np.float32))
+
+
+def test_frames_stay_bytes_in_shared_memory():
+    specs = observation_specs(ImageEnv().observation_space)
+    assert specs["obs"].dtype == torch.uint8
+
+
+@pytest.mark.parametrize("layout,dtype", [("hwc", "uint8"), ("chw", "bool")])
+def test_a_pixel_task_is_learned_with_policy_cnn(tmp_path, layout, dtype):
+    config_dir = tmp_path / "configs"
+    (config_dir / "env").mkdir(parents=True)
+    (config_dir / "env" / "pixels.yaml").write_text(f"_target_: tests.envs.ImageEnv\nlayout: {layout}\ndtype: {dtype}\n")
+    run_dir = tmp_path / "run"
+    result = run_train("--config-dir", str(config_dir), "+env=pixels", "policy=cnn", "policy.encoder=small", "policy.hidden_sizes=[32]",
+                       "runner.envs_per_actor=8", "max_env_steps=40000", "epoch_length=10", "target_return=7.5", "eval.episodes=5",
+                       run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    assert "MiB per rollout slot" in (run_dir / "train.log").read_text()
+    assert read_stats(run_dir)[-1]["eval/return_mean"] >= 7.5  # random play scores 4 of 8
+
+
+def test_the_minatar_config_trains_end_to_end(tmp_path):
+    pytest.importorskip("minatar", reason="the optional extra minatar is not installed (pip install 'maze_cli[minatar]')")
+    run_dir = tmp_path / "run"
+    result = run_train("+env=minatar", "env.id=MinAtar/SpaceInvaders-v1", "max_env_steps=20000", "epoch_length=2",
+                       "runner.envs_per_actor=16", "eval.episodes=2", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    log = (run_dir / "train.log").read_text()
+    assert "CnnNetwork" in (run_dir / "config.yaml").read_text() and "Box(10, 10, 6) bool" in log
+    assert read_stats(run_dir)[-1]["env_steps"] >= 20000
+
+
+def test_a_missing_env_package_says_how_to_install_it(tmp_path):
+    result = run_train("+env=gym", "env.id=Nope/Game-v1", "+env.register=no_such_pkg.gym", run_dir=tmp_path / "run")
+    assert result.returncode == 2 and "env.register=no_such_pkg.gym: cannot import it" in result.stderr, result.stderr
+
+
+def test_the_atari_config_trains_on_stacked_byte_frames(tmp_path):
+    pytest.importorskip("ale_py", reason="the optional extra atari is not installed (pip install 'maze_cli[atari]')")
+    pytest.importorskip("cv2", reason="the optional extra atari is not installed (pip install 'maze_cli[atari]')")
+    run_dir = tmp_path / "run"
+    result = run_train("+env=atari", "env.id=ALE/Pong-v5", "max_env_steps=2000", "epoch_length=1", "runner.envs_per_actor=2",
+                       "algorithm.n_rollout_steps=16", "eval.interval=0", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    log = (run_dir / "train.log").read_text()
+    assert "Box(4, 84, 84) uint8" in log and "MiB per rollout slot" in log
+    assert read_stats(run_dir)[-1]["env_steps"] >= 2000
