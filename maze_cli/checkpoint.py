@@ -52,7 +52,7 @@ def load_checkpoint(path: Path | str, trust: bool = False, where: str | None = N
     except pickle.UnpicklingError as err:
         raise CheckpointError(_unsafe_message(path, where, err)) from None
     except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, EOFError, ... for broken files
-        raise CheckpointError(_unreadable_message(path, where, err)) from None
+        raise CheckpointError(_unreadable_message(where, err)) from None
     if isinstance(payload, dict) and "format" not in payload and {"policy_blueprint", "learner"} <= set(payload):
         raise CheckpointError(f"{where}: written by maze_cli 0.1 (checkpoint format 1), which this version does not read; "
                               f"train again with this version")
@@ -66,7 +66,7 @@ def load_checkpoint(path: Path | str, trust: bool = False, where: str | None = N
     return payload
 
 
-def _unreadable_message(path: Path, where: str, err: Exception) -> str:
+def _unreadable_message(where: str, err: Exception) -> str:
     return f"{where}: truncated or corrupt checkpoint ({type(err).__name__}: {str(err).strip().splitlines()[0]})"
 
 

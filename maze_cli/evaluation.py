@@ -38,10 +38,11 @@ def run_episodes(
         running = np.ones(len(envs), dtype=bool)
         state = tuple(s.to(device) for s in policy.initial_state(len(envs)))
         starts = torch.ones(len(envs), dtype=torch.bool, device=device)
+        no_starts = torch.zeros_like(starts)  # each env plays one episode: only its first step starts one
         while running.any():
             with torch.no_grad():
                 actions, _, state = policy.act({k: v.to(device) for k, v in obs.items()}, state, starts, deterministic=deterministic)
-            starts = torch.zeros_like(starts)  # each env plays one episode: no further starts
+            starts = no_starts
             actions = actions.cpu().numpy()
             for i in np.flatnonzero(running):
                 o, r, terminated, truncated, _ = envs[i].step(action_to_env(envs[i].action_space, actions[i]))

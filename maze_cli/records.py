@@ -118,9 +118,11 @@ class Rollout:
     @property
     def nbytes(self) -> int:
         """Bytes held by all of this record's tensors (observations in their own dtype)."""
-        sizes: list[int] = []
-        self.map(lambda t: sizes.append(t.element_size() * t.nelement()) or t)
-        return sum(sizes)
+        tensors: list[torch.Tensor] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            tensors += list(value.values()) if isinstance(value, dict) else list(value) if isinstance(value, tuple) else [value]
+        return sum(t.element_size() * t.nelement() for t in tensors if t is not None)
 
     @property
     def n_steps(self) -> int:

@@ -4,7 +4,6 @@ algorithm from --config-dir, and nothing unknown silently replaced."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 

@@ -115,7 +115,7 @@ class ImpalaLearner:
     def update(self, batch: Rollout) -> dict[str, float]:
         """One gradient step on a time-major batch; returns the learner's stats for this step."""
         hp = self.hp
-        T, B = batch.n_steps, batch.n_envs
+        T = batch.n_steps
         t0 = time.perf_counter()
         # One forward pass over all T+1 observations gives V(x_0..x_T): the last row bootstraps.
         out = self.policy(batch.observations, batch.initial_state, batch.episode_start)

@@ -23,13 +23,12 @@ from maze_cli.algorithms.optim import adam
 from maze_cli.config.schema import SacConfig
 from maze_cli.errors import ConfigError
 from maze_cli.buffers import Sampler
-from maze_cli.parallel.workers_with_buffer import BaseDistributedWorkersWithBuffer, SampledBatch
+from maze_cli.parallel.workers_with_buffer import BaseDistributedWorkersWithBuffer, SampledBatch, initial_sampling_policy_or_random
 from maze_cli.policies.base import Observations, Policy, PolicyOutput, State, one_step
 from maze_cli.policies.blueprint import policy_blueprint
 from maze_cli.policies.distributions import Categorical
 from maze_cli.policies.mlp import linear, mlp_network
 from maze_cli.policies.network import build_network
-from maze_cli.policies.random_policy import RandomPolicy
 from maze_cli.stats.aggregator import EpochStatsAggregator
 from maze_cli.training import check_finite
 
@@ -148,7 +147,7 @@ class Sac(SacConfig, Algorithm):
             raise ConfigError(f"algorithm=sac takes feed-forward policy networks only; policy._target_={parts.network['_target_']} "
                               f"is recurrent (recurrent SAC is not supported: use algorithm=impala)")
         learner = SacLearner(policy, self, parts.network, parts.device)
-        initial = self.initial_policy(parts) or RandomPolicy(parts.observation_space, parts.action_space)
+        initial = initial_sampling_policy_or_random(policy, self.initial_policy(parts))
         # Envs one by one: no autoreset steps, so every step is a transition for the buffer (the
         # replay ratio makes the learner, not env stepping, the bottleneck of off-policy training).
         env_factory = getattr(parts.env_factory, "without_vectorization", lambda: parts.env_factory)()
