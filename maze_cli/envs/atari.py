@@ -15,10 +15,10 @@ from maze_cli.errors import ConfigError
 INSTALL = "pip install 'maze_cli[atari]' (ale-py and opencv-python-headless)"
 
 
-def make_atari(id: str, frame_skip: int = 4, frame_stack: int = 4, noop_max: int = 30, screen_size: int = 84,
-               episodic_life: bool = False, repeat_action_probability: float = 0.25, max_episode_steps: int | None = 108_000,
-               **kwargs) -> gym.Env:
-    """One preprocessed ALE env; `id` as ALE registers it (e.g. ALE/Pong-v5); `kwargs` go to the game."""
+def make_atari(id: str, frame_skip: int, frame_stack: int, noop_max: int, screen_size: int, episodic_life: bool,
+               repeat_action_probability: float, max_episode_steps: int | None, **kwargs) -> gym.Env:
+    """One preprocessed ALE env; `id` as ALE registers it (e.g. ALE/Pong-v5); `kwargs` go to the game.
+    The settings' defaults are in conf/env/atari.yaml (`+env=atari`)."""
     try:
         import ale_py
         from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
