@@ -65,18 +65,31 @@ def test_frames_stay_bytes_in_shared_memory():
     assert specs["obs"].dtype == torch.uint8
 
 
-@pytest.mark.parametrize("layout,dtype", [("hwc", "uint8"), ("chw", "bool")])
-def test_a_pixel_task_is_learned_with_policy_cnn(tmp_path, layout, dtype):
+def pixel_env_config(tmp_path, layout: str = "hwc", dtype: str = "uint8") -> str:
     config_dir = tmp_path / "configs"
     (config_dir / "env").mkdir(parents=True)
     (config_dir / "env" / "pixels.yaml").write_text(f"_target_: tests.envs.ImageEnv\nlayout: {layout}\ndtype: {dtype}\n")
+    return str(config_dir)
+
+
+@pytest.mark.parametrize("layout,dtype", [("hwc", "uint8"), ("chw", "bool")])
+def test_a_pixel_task_is_learned_with_policy_cnn(tmp_path, layout, dtype):
     run_dir = tmp_path / "run"
-    result = run_train("--config-dir", str(config_dir), "+env=pixels", "policy=cnn", "policy.encoder=small", "policy.hidden_sizes=[32]",
-                       "runner.envs_per_actor=8", "max_env_steps=40000", "epoch_length=10", "target_return=7.5", "eval.episodes=5",
-                       run_dir=run_dir)
+    result = run_train("--config-dir", pixel_env_config(tmp_path, layout, dtype), "+env=pixels", "policy=cnn", "policy.encoder=small",
+                       "policy.hidden_sizes=[32]", "runner.envs_per_actor=8", "max_env_steps=40000", "epoch_length=10",
+                       "target_return=7.5", "eval.episodes=5", run_dir=run_dir)
     assert result.returncode == 0, result.stderr
     assert "MiB per rollout slot" in (run_dir / "train.log").read_text()
     assert read_stats(run_dir)[-1]["eval/return_mean"] >= 7.5  # random play scores 4 of 8
+
+
+def test_sac_learns_the_pixel_task_with_its_shared_encoder(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train("--config-dir", pixel_env_config(tmp_path), "+env=pixels", "algorithm=sac", "runner=sequential", "policy=cnn",
+                       "policy.encoder=small", "policy.hidden_sizes=[32]", "algorithm.initial_buffer_size=256", "algorithm.batch_size=64",
+                       "max_env_steps=4000", "epoch_length=5", "target_return=7.5", "eval.episodes=5", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    assert read_stats(run_dir)[-1]["eval/return_mean"] >= 7.5
 
 
 def test_the_minatar_config_trains_end_to_end(tmp_path):

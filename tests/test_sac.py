@@ -122,3 +122,31 @@ def test_the_squashed_gaussian_log_prob_matches_torch_distributions():
     ref = TransformedDistribution(Independent(Normal(torch.tensor([[0.3]]), torch.tensor([[-0.5]]).exp()), 1),
                                   [TanhTransform(), AffineTransform(one_sided.bias, one_sided.scale)])
     torch.testing.assert_close(lp, ref.log_prob(a), atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("action_space", [gym.spaces.Box(-1.0, 1.0, (2,)), gym.spaces.Discrete(3)])
+def test_with_policy_cnn_the_critic_loss_alone_trains_the_shared_conv_encoder(action_space):
+    from maze_cli.policies.cnn import CnnNetwork
+
+    obs_space = gym.spaces.Box(0, 255, (12, 12, 3), np.uint8)
+    network = {"_target_": f"{CnnNetwork.__module__}.CnnNetwork", "hidden_sizes": [16]}
+    torch.manual_seed(0)
+    learner = SacLearner(SacPolicy(obs_space, action_space, network), Sac(), network)
+    encoder = learner.policy.network.encoder.images
+    assert all(net.encoder.images is encoder for net in learner.critic.nets)
+    assert not {id(p) for p in encoder.parameters()} & {id(p) for p in learner.policy_params}
+    batch = random_transitions(gym.spaces.Box(0.0, 1.0, obs_space.shape), action_space)
+    before = [p.detach().clone() for p in encoder.parameters()]
+    learner.update(batch)
+    assert all(not torch.equal(a, b) for a, b in zip(before, encoder.parameters()))  # the critic step moved it
+    # With the critic's step switched off, the actor's step moves its head and leaves the encoder be.
+    for group in learner.critic_optimizer.param_groups:
+        group["lr"] = 0.0
+    before = [p.detach().clone() for p in encoder.parameters()]
+    head_before = learner.policy.head.weight.detach().clone()
+    learner.update(batch)
+    assert not torch.equal(head_before, learner.policy.head.weight)
+    assert all(torch.equal(a, b) for a, b in zip(before, encoder.parameters()))
+    # Without sharing, each network keeps its own encoder.
+    separate = SacLearner(SacPolicy(obs_space, action_space, network), Sac(share_encoder=False), network)
+    assert separate.critic.nets[0].encoder.images is not separate.policy.network.encoder.images

@@ -177,6 +177,7 @@ class SacLearner:
         self.hp = hp
         self.device = device
         self.critic = TwinCritic(policy.observation_space, policy.action_space, dict(network or mlp_network((256, 256), "relu"))).to(device)
+        shared = self._share_encoder() if hp.share_encoder else set()
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.critic_params, self.critic_target_params = list(self.critic.parameters()), list(self.critic_target.parameters())
         self.log_alpha = torch.tensor(math.log(hp.init_alpha), device=device, requires_grad=True)
@@ -187,9 +188,16 @@ class SacLearner:
             self.target_entropy = hp.target_entropy_scale * math.log(int(space.n))
         else:
             self.target_entropy = -float(np.prod(space.shape))
-        self.policy_params = list(self.policy.parameters())
+        self.policy_params = [p for p in self.policy.parameters() if id(p) not in shared]  # the actor's loss leaves the encoder be
         self._optimizers: dict[str, torch.optim.Optimizer] = {}
         self.updates = 0
+
+    def _share_encoder(self) -> set[int]:
+        """Both critics use the actor's conv encoder (policy=cnn); the ids of its parameters."""
+        from maze_cli.policies.cnn import share_image_encoders
+
+        shared = [share_image_encoders(self.policy.network, net) for net in self.critic.nets]
+        return {id(p) for params in shared for p in params}
 
     def _optimizer(self, name: str) -> torch.optim.Optimizer:
         """Built on first use (see maze_cli.algorithms.optim for why)."""

@@ -34,7 +34,7 @@ def check_device(device: str) -> None:
 
 def check_env(settings: Settings) -> tuple[EnvFactory, gym.Space, gym.Space]:
     """Build one env in this process (before any actor starts) and return the factory and spaces."""
-    factory = EnvFactory(settings.env)
+    factory = EnvFactory.for_policy(settings.env, settings.policy)
     observation_space, action_space = factory.check()
     return factory, observation_space, action_space
 
@@ -101,6 +101,7 @@ def build_run(settings: Settings, env_factory: EnvFactory, observation_space: gy
 def _network_config(settings: Settings, algorithm: Algorithm) -> dict[str, Any]:
     """The policy group's config with the algorithm's choices where it left null (e.g. activation)."""
     network = OmegaConf.to_container(settings.policy, resolve=True)
+    network.pop("core_inputs", None)  # the env factory's business: they arrive as observation keys
     for key, value in algorithm.network_defaults.items():
         if key in network and network[key] is None:
             network[key] = value

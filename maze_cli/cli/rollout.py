@@ -67,10 +67,12 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
         raise CheckpointError(f"{where}: its env is built by '{env_target}', a callable the checkpoint names; refused. "
                               f"Allow it by name with allow=[{env_target}], or trust_checkpoint=true (runs code from the file)")
     policy = load_policy(path, cfg.allow, cfg.trust_checkpoint, where)
-    observation_space, action_space = EnvFactory(env_config).check()
+    policy_config = (payload.get("config") or {}).get("policy")
+    env_factory = EnvFactory.for_policy(env_config, policy_config)
+    observation_space, action_space = env_factory.check()
     check_spaces(policy, observation_space, action_space, where)
     seeds = derive_seeds(cfg.seed, "rollout_env", cfg.episodes)
-    returns, lengths = run_episodes(EnvFactory(env_config), policy, seeds, cfg.deterministic)
+    returns, lengths = run_episodes(env_factory, policy, seeds, cfg.deterministic)
     mean = sum(returns) / len(returns)
     std = math.sqrt(sum((r - mean) ** 2 for r in returns) / len(returns))
     print(f"{cfg.episodes} episodes: return {mean:.2f} +- {std:.2f} (min {min(returns):.2f}, max {max(returns):.2f}), "
@@ -87,7 +89,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
             render_config["render_mode"] = "rgb_array"
         frames: list = []
         try:
-            run_episodes(EnvFactory(render_config), policy, seeds[:1], cfg.deterministic, on_frame=lambda i, env: frames.append(env.render()))
+            run_episodes(EnvFactory.for_policy(render_config, policy_config), policy, seeds[:1], cfg.deterministic, on_frame=lambda i, env: frames.append(env.render()))
         except Exception as err:  # most often a missing renderer (pygame): say so in one line
             raise ConfigError(f"render=true: the env cannot render ({type(err).__name__}: {str(err).strip().splitlines()[0]})") from None
         out = Path(cfg.render_path) if cfg.render_path else path.parent.parent / "rollout.gif"

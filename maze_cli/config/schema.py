@@ -26,6 +26,11 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationEr
 from maze_cli.errors import ConfigError
 
 
+CORE_INPUTS = ("obs", "prev_action", "prev_reward")
+# Keys of a group's config that maze_cli itself reads, whatever class `_target_` names.
+OWN_KEYS = {"policy": ("core_inputs",)}
+
+
 def _f(default: Any = dataclasses.MISSING, **limits: Any) -> Any:
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=limits)
@@ -115,6 +120,7 @@ class SacConfig:
     initial_buffer_size: int = _f(1000, ge=0)
     initial_sampling_policy: Any = None
     split_rollouts_into_transitions: bool = True
+    share_encoder: bool = True  # policy=cnn: one conv encoder for actor and critics, trained by the critic loss only
 
 
 # -- replay_buffer ----------------------------------------------------------------------------------
@@ -145,6 +151,9 @@ class MlpPolicyConfig:
     activation: Optional[str] = _f(None, choices=("tanh", "relu", "elu"))  # None: the algorithm's choice
     core: str = _f("identity", choices=("identity", "lstm", "gru"))  # lstm / gru: a recurrent core (memory)
     core_size: Optional[int] = _f(None, ge=1)  # units of a recurrent core; None: 128
+    # what the network sees: the observation, and optionally the previous action and reward (as
+    # IMPALA feeds its LSTM); they reach it as two more observation keys (maze_cli.envs.core_inputs)
+    core_inputs: List[str] = _f(["obs"], choices=CORE_INPUTS)
 
 
 @dataclass
@@ -350,7 +359,7 @@ def check_arguments(section: str, values: DictConfig | dict, passed: tuple[str, 
         return
     names = [n for n, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL and n != "self"]
     for key in values:
-        if key != "_target_" and key not in names:
+        if key != "_target_" and key not in names and key not in OWN_KEYS.get(section, ()):
             raise ConfigError(f"{section}.{key}: unknown key{suggest(str(key), names)}; {target} takes: {', '.join(names)}")
 
 

@@ -7,14 +7,15 @@ from typing import Any, Mapping
 
 import gymnasium as gym
 
+from maze_cli.envs.core_inputs import PreviousActionReward, adds_inputs
 from maze_cli.envs.spaces import UnsupportedSpaceError, action_spec, observation_specs
 from maze_cli.errors import ConfigError
 
 __all__ = ["EnvFactory", "EnvConfigError", "UnsupportedSpaceError"]
 
 # Keys of an env config that configure maze_cli rather than the env itself.
-ID_KEYS = ("id", "kwargs", "max_episode_steps", "vectorize", "register", "check", "reward_clip")
-OWN_KEYS = ("check", "reward_clip")  # keys of any env config that maze_cli reads (never passed to the env)
+ID_KEYS = ("id", "kwargs", "max_episode_steps", "vectorize", "register", "check", "reward_clip", "core_inputs")
+OWN_KEYS = ("check", "reward_clip", "core_inputs")  # keys of any env config that maze_cli reads (never passed to the env)
 # Optional extras that bring env packages, by the module an env config registers its ids from.
 EXTRAS = {"minatar": "minatar", "ale_py": "atari", "minigrid": "minigrid"}
 
@@ -35,6 +36,8 @@ class EnvFactory:
     only then (e.g. `minatar.gym`). `check` (default true, either kind): run the env checks before
     any actor starts. `reward_clip` (either kind): the learner sees rewards clipped to
     [-reward_clip, reward_clip], while the episode returns in the stats stay the env's own.
+    `core_inputs` (set from `policy.core_inputs` by `for_policy`): the previous action and reward
+    added to the observations (`maze_cli.envs.core_inputs`).
     """
 
     config: Mapping[str, Any]
@@ -66,7 +69,18 @@ class EnvFactory:
             env = gym.make(self.config["id"], **kwargs)
         if not isinstance(env, gym.Env):
             raise EnvConfigError(f"env: {self.config.get('_target_')} returned {type(env).__name__}, not a gymnasium.Env")
+        if adds_inputs(self.config.get("core_inputs")):
+            env = PreviousActionReward(env, self.config["core_inputs"], self.reward_clip)
         return env
+
+    @classmethod
+    def for_policy(cls, env_config: Mapping[str, Any], policy_config: Mapping[str, Any] | None) -> "EnvFactory":
+        """The envs a policy of `policy_config` acts in: `env_config`'s, with the inputs the policy asks
+        for beyond the observation (`policy.core_inputs`)."""
+        inputs = (policy_config or {}).get("core_inputs")
+        if not adds_inputs(inputs):
+            return cls(env_config)
+        return cls({**env_config, "core_inputs": list(inputs)})
 
     def _register(self) -> None:
         """Import `register`'s module so that the env's id exists (in every process that makes it)."""
@@ -87,7 +101,7 @@ class EnvFactory:
     def vector_env(self, n_envs: int) -> gym.vector.VectorEnv | None:
         """`n_envs` copies as the env's own vectorized implementation, or None where there is none
         (or `vectorize` is off)."""
-        if self.config.get("_target_") is not None or not self.config.get("vectorize", True):
+        if self.config.get("_target_") is not None or not self.config.get("vectorize", True) or adds_inputs(self.config.get("core_inputs")):
             return None
         self._register()
         if gym.spec(self.config["id"]).vector_entry_point is None:

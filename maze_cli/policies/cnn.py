@@ -119,3 +119,17 @@ class CnnNetwork(MlpNetwork):
 
     def make_encoder(self, observation_space: gym.Space, activation: str) -> nn.Module:
         return MixedEncoder(observation_space, self._encoder_kind, self._channels_last)
+
+
+def share_image_encoders(source: nn.Module, target: nn.Module) -> list[nn.Parameter]:
+    """Make `target` use `source`'s conv encoders (the same modules, so the same weights) where both
+    are CNN networks with the same image keys; returns the shared parameters (none if not shared).
+
+    SAC trains the conv encoder by the critic loss alone, shared with the actor (SAC-AE, DrQ): the
+    actor's gradient through a conv net of its own is too noisy to learn features from."""
+    mine, theirs = getattr(source, "encoder", None), getattr(target, "encoder", None)
+    if not (isinstance(mine, MixedEncoder) and isinstance(theirs, MixedEncoder) and mine.image_keys == theirs.image_keys):
+        return []
+    theirs.images = mine.images
+    return list(mine.images.parameters())
+
