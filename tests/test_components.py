@@ -104,3 +104,24 @@ def test_rollout_builds_a_users_network_only_when_allowed_by_name(tmp_path):
     with pytest.raises(CheckpointError, match="asks to build 'tests.user_components.ResidualMlp'"):
         run_rollout(RolloutConfig(checkpoint=checkpoint, episodes=1))
     assert run_rollout(RolloutConfig(checkpoint=checkpoint, episodes=1, allow=["tests.user_components.ResidualMlp"]))["return_mean"] > 0
+
+
+def composed(*overrides: str) -> str:
+    return subprocess.run([str(TRAIN), *overrides, "--cfg", "job"], capture_output=True, text=True, check=True).stdout
+
+
+def test_tuned_settings_of_an_env_and_algorithm_apply_to_that_pair_only(tmp_path):
+    import yaml
+
+    impala = yaml.safe_load(composed("+env=minatar"))
+    assert impala["algorithm"]["entropy_coef"] == 0.05 and impala["policy"]["hidden_sizes"] == [128]
+    sac = yaml.safe_load(composed("+env=minatar", "algorithm=sac"))
+    assert "entropy_coef" not in sac["algorithm"] and sac["policy"]["hidden_sizes"] == [256]
+    overridden = yaml.safe_load(composed("+env=minatar", "algorithm.entropy_coef=0.02"))
+    assert overridden["algorithm"]["entropy_coef"] == 0.02  # the command line wins
+    # A user's own env config may bring its own tuning file.
+    config_dir = tmp_path / "configs"
+    write(config_dir, "env", "mine", "id: CartPole-v1\n")
+    write(config_dir, "tuning", "mine_impala", "# @package _global_\nalgorithm:\n  lr: 0.0042\n")
+    mine = yaml.safe_load(composed("--config-dir", str(config_dir), "+env=mine"))
+    assert mine["algorithm"]["lr"] == 0.0042

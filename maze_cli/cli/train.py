@@ -13,12 +13,13 @@ from pathlib import Path
 
 import hydra
 from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import ConfigCompositionException
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from maze_cli.cli.errors import explain, exit_code
 from maze_cli.cli.paths import config_dir
-from maze_cli.config.schema import register_configs, validate
+from maze_cli.config.schema import NoEnvError, register_configs, validate
 from maze_cli.errors import ConfigError, MazeCliError
 
 log = logging.getLogger("maze_cli")
@@ -28,8 +29,8 @@ register_configs()  # the schemas the packaged YAML files extend (also in sweep 
 def _env_options() -> list[str]:
     try:
         return sorted(GlobalHydra.instance().config_loader().get_group_options("env"))
-    except Exception:  # outside a Hydra run there is nothing to list
-        return []
+    except Exception:  # outside a Hydra run: the packaged ones
+        return sorted(path.stem for path in (config_dir() / "env").glob("*.yaml"))
 
 
 # Keys a resumed run may change; everything else comes from the run's saved config.
@@ -151,6 +152,8 @@ _FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
 
 def _exit_on_user_error(err: Exception) -> None:
     """Print a known error as one line and exit; return (to re-raise) for anything else."""
+    if isinstance(err, ConfigCompositionException) and "${env}" in str(err):  # train.yaml's tuning entry names the env
+        err = NoEnvError(_env_options())
     message = None if _FULL_ERROR else explain(err, sys.argv[1:])
     if message is not None:
         print(f"train: error: {message}", file=sys.stderr)

@@ -31,7 +31,8 @@ def write_learning_curve(run_dir: Path) -> Path | None:
     ax.set_xlabel("env steps")
     ax.set_ylabel("return")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.lines:  # no episode ended yet: an empty plot, without a legend (matplotlib warns on an empty one)
+        ax.legend()
     fig.tight_layout()
     out = run_dir / "learning_curve.png"
     tmp = out.with_suffix(".tmp.png")
