@@ -56,7 +56,7 @@ def _resumed_config(cfg: DictConfig) -> DictConfig:
     if not (run_dir / "config.yaml").is_file() or not (run_dir / "checkpoints" / "last.pt").is_file():
         raise ConfigError(f"resume={cfg.resume}: not a run dir with config.yaml and checkpoints/last.pt")
     saved = OmegaConf.load(run_dir / "config.yaml")
-    changed = {o.split("=", 1)[0].lstrip("+~").split(".")[0] for o in HydraConfig.get().overrides.task}
+    changed = {o.split("=", 1)[0].lstrip("+~").split(".")[0] for o in HydraConfig.get().overrides.task} - {"tuning"}
     bad = sorted(changed - RESUMABLE_KEYS)
     if bad:
         raise ConfigError(f"{bad[0]}: cannot change when resuming; only {', '.join(sorted(RESUMABLE_KEYS - {'resume'}))} may change")
@@ -200,6 +200,9 @@ def main() -> None:
     if resume and not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
         # A resumed run continues in its own dir; Hydra's record of the first command stays as it was.
         sys.argv += [f"hydra.run.dir={resume}", "hydra.output_subdir=null"]
+    if resume and not any(a.startswith(("tuning=", "+env=", "env=")) for a in sys.argv[1:]):
+        # train.yaml picks tuning/<env>_<algorithm>; a resumed run names no env, and its saved config holds every value.
+        sys.argv.append("tuning=none")
     try:
         _hydra_train()
     except KeyboardInterrupt as interrupt:
