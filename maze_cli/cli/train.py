@@ -13,8 +13,8 @@ from pathlib import Path
 
 import hydra
 from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import ConfigCompositionException
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
 from maze_cli.cli.errors import explain, exit_code

@@ -45,8 +45,8 @@ class PreviousActionReward(gym.Wrapper):
         self.prev_action = "prev_action" in inputs
         self.prev_reward = "prev_reward" in inputs
         self.reward_clip = reward_clip
-        spaces: dict[str, gym.Space] = dict(env.observation_space.spaces) if isinstance(env.observation_space, gym.spaces.Dict) \
-            else {OBS_KEY: env.observation_space}
+        self._dict_observations = isinstance(env.observation_space, gym.spaces.Dict)
+        spaces: dict[str, gym.Space] = dict(env.observation_space.spaces) if self._dict_observations else {OBS_KEY: env.observation_space}
         added: dict[str, gym.Space] = {}
         if self.prev_action:
             added["prev_action"] = self._action_input_space(env.action_space)
@@ -67,7 +67,7 @@ class PreviousActionReward(gym.Wrapper):
         raise ConfigError(f"policy.core_inputs=prev_action: supported for Discrete and Box actions, not {action_space}")
 
     def _observation(self, observation: Any, added: dict[str, np.ndarray]) -> dict[str, Any]:
-        own = dict(observation) if isinstance(self.env.observation_space, gym.spaces.Dict) else {OBS_KEY: observation}
+        own = dict(observation) if self._dict_observations else {OBS_KEY: observation}
         return {**own, **added}
 
     def reset(self, **kwargs: Any) -> tuple[dict[str, Any], dict]:

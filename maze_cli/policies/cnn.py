@@ -135,4 +135,3 @@ def share_image_encoders(source: nn.Module, target: nn.Module) -> list[nn.Parame
         return []
     theirs.images = mine.images
     return list(mine.images.parameters())
-
