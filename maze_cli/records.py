@@ -18,7 +18,8 @@ autoreset mode spent it resetting an env that ended at t-1 (action ignored, rewa
 episode: where a recurrent policy's state was reset. `initial_state` is the policy's state before step 0 (batch first, `[B, ...]` per
 tensor; empty for feed-forward policies), so the learner unrolls the core exactly as the actor did.
 `behaviour_value[t]` is V(observations[t]) under the acting policy, recorded only for algorithms
-that ask for it (None otherwise).
+that ask for it (None otherwise). `env_id[b]` names the env column b came from (actor index x envs
+per actor + the env's index in its actor), so a learner can follow one env across rollouts.
 
 Fresh records are filled with poison (NaN for floats, the smallest integer for ints), so a field an
 actor forgot to write shows up at once instead of passing as zeros.
@@ -78,6 +79,7 @@ class RolloutSpec:
             episode_start=empty((t + 1, b), TensorSpec((), torch.bool)),
             initial_state=tuple(empty((b,), spec) for spec in self.state),
             behaviour_value=empty((t, b), value) if self.record_values else None,
+            env_id=empty((b,), TensorSpec((), torch.int64)),
         )
 
 
@@ -106,9 +108,10 @@ class Rollout:
     episode_start: torch.Tensor | None = None
     initial_state: tuple[torch.Tensor, ...] = ()
     behaviour_value: torch.Tensor | None = None
+    env_id: torch.Tensor | None = None
 
     # Fields whose batch dimension comes first (the others are time-major: [T, B, ...]).
-    BATCH_FIRST = ("policy_version", "initial_state")
+    BATCH_FIRST = ("policy_version", "initial_state", "env_id")
 
     @property
     def dones(self) -> torch.Tensor:

@@ -207,6 +207,8 @@ class Trainer:
             "policy_lag_mean": actor.get("policy_lag", "mean"),
             "policy_lag_max": actor.get("policy_lag", "max"),
             "actor_restarts": actor.get("actor_restarts", "sum"),
+            "dropped_rollouts": actor.get("dropped_rollouts", "sum"),
+            "actor_idle_frac": actor.get("actor_idle_frac", "mean"),
         }
         for event in learner.events():
             stats[event] = learner.get(event, "sum" if event.startswith("time/") else "mean")

@@ -13,6 +13,8 @@ from tests.cli import REPO
 SECTIONS = {
     "### Top level": schema.TrainConfig,
     "### `algorithm=impala`": schema.ImpalaConfig,
+    "### `algorithm=ppo`": schema.PpoConfig,
+    "### `algorithm=appo`": schema.AppoConfig,
     "### `algorithm=sac`": schema.SacConfig,
     "### `replay_buffer=uniform`": schema.PrioritizedReplayConfig,
     "### `policy=mlp`": schema.MlpPolicyConfig,

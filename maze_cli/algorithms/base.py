@@ -38,6 +38,7 @@ class Components:
     device: str
     seed: int
     load_policy: Callable[[str, str], Any]
+    max_env_steps: int | None = None  # the run's budget (what schedules anneal over)
 
 
 @dataclass

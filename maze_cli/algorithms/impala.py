@@ -14,14 +14,12 @@ import torch
 from torch import nn
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
+from maze_cli.algorithms.on_policy import OnPolicyLoop, bootstrap_truncated, normalization, reward_scaler
 from maze_cli.algorithms.optim import adam
 from maze_cli.config.schema import ImpalaConfig
-from maze_cli.parallel.distributed_actors import DistributedActors
 from maze_cli.policies.actor_critic import ActorCritic
 from maze_cli.policies.blueprint import policy_blueprint
 from maze_cli.records import Rollout
-from maze_cli.stats.aggregator import EpochStatsAggregator
-from maze_cli.training import check_finite
 
 
 @dataclass(frozen=True)
@@ -82,20 +80,22 @@ class Impala(ImpalaConfig, Algorithm):
     network_defaults = {"activation": "tanh"}
 
     def build(self, parts: Components) -> Run:
-        kwargs = {"network": parts.network, "shared_network": self.shared_network}
+        normalize_obs, normalize_reward = normalization(self.normalize_obs, self.normalize_reward, parts.action_space)
+        kwargs = {"network": parts.network, "shared_network": self.shared_network, "normalize_obs": normalize_obs}
         policy = ActorCritic(parts.observation_space, parts.action_space, **kwargs)
-        learner = ImpalaLearner(policy, self, parts.device)
+        learner = ImpalaLearner(policy, self, parts.device, normalize_reward)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps)
         blueprint = policy_blueprint(ActorCritic, parts.observation_space, parts.action_space, kwargs)
-        return Run(ImpalaLoop(actors, learner), actors, learner, blueprint)
+        return Run(OnPolicyLoop(actors, learner), actors, learner, blueprint)
 
 
 class ImpalaLearner:
     """Owns the actor-critic, its optimizer and the update; knows nothing of actors or backends."""
 
-    def __init__(self, policy: ActorCritic, hp: ImpalaConfig, device: str = "cpu"):
+    def __init__(self, policy: ActorCritic, hp: ImpalaConfig, device: str = "cpu", normalize_reward: bool = False):
         self.policy = policy.to(device)
         self.hp = hp
+        self.reward_scaler = reward_scaler(normalize_reward, hp.gamma)
         self.device = device
         self._optimizer: torch.optim.Optimizer | None = None
         self.updates = 0
@@ -130,7 +130,8 @@ class ImpalaLearner:
         entropy = (dist.entropy(params) * real).sum() / n_real
 
         discounts = hp.gamma * (~batch.dones).float()
-        rewards = self._bootstrap_truncated(batch)
+        rewards = self.reward_scaler(batch) if self.reward_scaler else batch.rewards
+        rewards = bootstrap_truncated(self.policy, rewards, batch, hp.gamma)
         targets = vtrace(
             batch.behaviour_logp, target_logp.detach(), rewards, values.detach(), bootstrap_value.detach(),
             discounts, hp.rho_bar, hp.c_bar,
@@ -145,6 +146,8 @@ class ImpalaLearner:
         grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), hp.max_grad_norm)
         self.optimizer.step()
         self.updates += 1
+        if self.policy.obs_normalizer is not None:  # after the step: the next version acts and learns with them
+            self.policy.obs_normalizer.update(batch.observations)
         self.timings = {"forward": t1 - t0, "backward": time.perf_counter() - t1}
         return {
             "loss": loss.item(),
@@ -156,56 +159,15 @@ class ImpalaLearner:
             "value_mean": float(values.detach().mean()),
         }
 
-    @torch.no_grad()
-    def _bootstrap_truncated(self, batch: Rollout) -> torch.Tensor:
-        """Rewards with gamma * V(final observation) added where an episode was truncated, not ended."""
-        rewards = batch.rewards.clone()
-        where = batch.truncated.nonzero(as_tuple=True)
-        if where[0].numel():
-            final_obs = {k: v[where].unsqueeze(0) for k, v in batch.final_observations.items()}
-            # A recurrent policy's state at the final observation is not recorded: it starts afresh there.
-            state = tuple(s.to(rewards.device) for s in self.policy.initial_state(int(where[0].numel())))
-            rewards[where] += self.hp.gamma * self.policy.value(final_obs, state)[0]
-        return rewards
-
     def state_dict(self) -> dict:
-        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "updates": self.updates}
+        state = {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "updates": self.updates}
+        if self.reward_scaler is not None:
+            state["reward_scaler"] = self.reward_scaler.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = state["updates"]
-
-
-class ImpalaLoop:
-    """One IMPALA iteration: take a batch of rollouts from the actors, update, broadcast."""
-
-    def __init__(self, actors: DistributedActors, learner: ImpalaLearner):
-        self.actors = actors
-        self.learner = learner
-        self.actor_stats = actors.get_epoch_stats_aggregator()
-        self.learner_stats = EpochStatsAggregator()
-
-    def updates(self) -> int:
-        return self.learner.updates
-
-    def iteration(self) -> int:
-        t0 = time.perf_counter()
-        batch, queue_before, _, dequeue_s = self.actors.collect_outputs(self.learner.device)
-        t1 = time.perf_counter()
-        update = self.learner.update(batch)
-        check_finite(update, ("loss", "policy_loss", "value_loss"))
-        t2 = time.perf_counter()
-        self.actors.broadcast_updated_policy(self.learner.policy.state_dict())
-        t3 = time.perf_counter()
-        stats = self.learner_stats
-        for key, value in update.items():
-            stats.add(f"learner/{key}", value)
-        stats.add("queue_size", queue_before)
-        stats.add("time/wait_actors_s", t1 - t0)
-        stats.add("time/dequeue_s", dequeue_s)
-        stats.add("time/learner_s", t2 - t1)
-        stats.add("time/learner_forward_s", self.learner.timings["forward"])
-        stats.add("time/learner_backward_s", self.learner.timings["backward"])
-        stats.add("time/broadcast_s", t3 - t2)
-        return batch.rewards.numel()
+        if self.reward_scaler is not None and "reward_scaler" in state:
+            self.reward_scaler.load_state_dict(state["reward_scaler"])

@@ -99,6 +99,44 @@ class ImpalaConfig:
     max_grad_norm: float = _f(0.5, gt=0)
     adam_eps: float = _f(1e-5, gt=0)
     shared_network: bool = False  # one policy network for the action and value heads (true) or one each
+    normalize_obs: Optional[bool] = None  # running mean/std of vector observations; None: on for continuous actions
+    normalize_reward: Optional[bool] = None  # rewards / std of the discounted return; None: on for continuous actions
+
+
+@dataclass
+class PpoConfig:
+    """PPO (Schulman et al. 2017): synchronous, each batch collected with the current policy version."""
+
+    _target_: str = "maze_cli.algorithms.ppo.Ppo"
+    lr: float = _f(3e-4, gt=0)
+    gamma: float = _f(0.99, ge=0, le=1)
+    gae_lambda: float = _f(0.95, ge=0, le=1)
+    n_rollout_steps: int = _f(64, ge=1)
+    n_epochs: int = _f(4, ge=1)  # passes over each batch
+    n_minibatches: int = _f(4, ge=1)  # gradient steps per pass (recurrent policies: split by env, whole sequences)
+    clip_range: float = _f(0.2, gt=0)  # of the probability ratio in the surrogate
+    clip_value: Optional[float] = _f(None, gt=0)  # None: no value clipping; else V stays within this of its old value
+    normalize_advantage: bool = True  # per minibatch
+    value_coef: float = _f(0.5, ge=0)
+    entropy_coef: float = _f(0.0, ge=0)
+    max_grad_norm: float = _f(0.5, gt=0)
+    target_kl: Optional[float] = _f(None, gt=0)  # stop the batch's passes once approx. KL exceeds 1.5 x this
+    anneal_lr: bool = False  # lr falls linearly to 0 over max_env_steps
+    anneal_clip: bool = False  # clip_range likewise
+    adam_eps: float = _f(1e-5, gt=0)
+    shared_network: bool = False
+    normalize_obs: Optional[bool] = None  # None: on for continuous actions
+    normalize_reward: Optional[bool] = None  # None: on for continuous actions
+
+
+@dataclass
+class AppoConfig(PpoConfig):
+    """Asynchronous PPO (Sample Factory): actors never wait; V-trace targets correct for the lag."""
+
+    _target_: str = "maze_cli.algorithms.ppo.Appo"
+    max_policy_lag: int = _f(8, ge=0)  # rollouts older than this many policy versions are dropped
+    rho_bar: float = _f(1.0, gt=0)  # V-trace's clip of the importance ratio in the value targets
+    c_bar: float = _f(1.0, gt=0)
 
 
 @dataclass
@@ -200,7 +238,7 @@ class RayRunnerConfig(SequentialRunnerConfig):
 # The packaged options of each group: registered in Hydra's ConfigStore as `<group>/<option>_schema`,
 # which the YAML file `conf/<group>/<option>.yaml` extends.
 SCHEMAS: dict[str, dict[str, type]] = {
-    "algorithm": {"impala": ImpalaConfig, "sac": SacConfig},
+    "algorithm": {"impala": ImpalaConfig, "ppo": PpoConfig, "appo": AppoConfig, "sac": SacConfig},
     "policy": {"mlp": MlpPolicyConfig, "cnn": CnnPolicyConfig},
     "runner": {"sequential": SequentialRunnerConfig, "subproc": SubprocRunnerConfig, "ray": RayRunnerConfig},
     "replay_buffer": {"uniform": UniformReplayConfig, "prioritized": PrioritizedReplayConfig},

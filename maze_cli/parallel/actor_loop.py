@@ -95,6 +95,8 @@ class Actor:
         for mine, slot in zip(self.state, out.initial_state):
             slot.copy_(mine)
         out.policy_version.fill_(self.policy_version)
+        if out.env_id is not None:
+            torch.arange(self.index * self.n_envs, (self.index + 1) * self.n_envs, out=out.env_id)
         for value in out.final_observations.values():
             value.zero_()
         policy = self.initial_policy if self.initial_policy is not None and self.policy_version == 0 else self.policy

@@ -56,6 +56,13 @@ class DistributedActors(abc.ABC):
     :param rollout_timeout_s: an actor that delivered no rollout for this long is treated as failed
         (None: never). Every backend shares this clock (`_check_silent`); one that cannot watch from
         outside (sequential) enforces it its own way but reports through the same `_failure`.
+    :param max_policy_lag: rollouts collected more than this many policy versions behind the learner
+        are dropped on arrival (their episodes still count in the stats; the `dropped_rollouts` stat
+        counts them). None: every rollout is used.
+    :param on_policy: actors start a rollout only when the learner asks for it, right after a
+        broadcast: `batch_size` rollouts per policy version, so every batch holds the current version
+        only (policy lag 0, as PPO needs) and actors idle while the learner updates (the
+        `actor_idle_frac` stat says how much). Implies `max_policy_lag=0`.
     """
 
     def __init__(
@@ -71,6 +78,8 @@ class DistributedActors(abc.ABC):
         initial_policy: nn.Module | None = None,
         max_restarts: int = 0,
         rollout_timeout_s: float | None = None,
+        max_policy_lag: int | None = None,
+        on_policy: bool = False,
     ):
         if n_actors < 1 or batch_size < 1 or n_rollout_steps < 1 or envs_per_actor < 1:
             raise ValueError("n_actors, batch_size, n_rollout_steps and envs_per_actor must be at least 1")
@@ -86,6 +95,10 @@ class DistributedActors(abc.ABC):
         self.initial_policy = initial_policy
         if rollout_timeout_s is not None and rollout_timeout_s <= 0:
             raise ValueError("rollout_timeout_s must be positive (or None: no timeout)")
+        if max_policy_lag is not None and max_policy_lag < 0:
+            raise ValueError("max_policy_lag must be at least 0 (or None: no limit)")
+        self.on_policy = on_policy
+        self.max_policy_lag = 0 if on_policy else max_policy_lag
         self.max_restarts = max_restarts
         self.rollout_timeout_s = rollout_timeout_s
         self.restarts = 0
@@ -145,16 +158,26 @@ class DistributedActors(abc.ABC):
         """Take `batch_size` rollouts; return (time-major batch `[T, batch_size*envs_per_actor, ...]`,
         queue size before, queue size after, seconds spent dequeuing)."""
 
-    def _record_rollout(self, info: RolloutInfo) -> None:
-        """Account one received rollout in the epoch stats (and as a sign of life of its actor)."""
+    def _record_rollout(self, info: RolloutInfo) -> bool:
+        """Account one received rollout in the epoch stats (and as a sign of life of its actor);
+        False if it is to be dropped, being older than `max_policy_lag` versions."""
         self.last_seen[info.actor_index] = time.monotonic()
         stats = self.epoch_stats
         stats.extend("episode_return", info.episode_returns)
         stats.extend("episode_length", info.episode_lengths)
+        lag = self.policy_version - info.policy_version
+        if self.max_policy_lag is not None and lag > self.max_policy_lag:
+            stats.add("dropped_rollouts", 1)
+            return False
         stats.add("env_steps", info.env_steps)
-        stats.add("policy_lag", self.policy_version - info.policy_version)
+        stats.add("policy_lag", lag)
         for name, seconds in info.timings.items():
             stats.add(name, seconds)
+        busy = sum(info.timings.get(k, 0.0) for k in ("actor_env_step_s", "actor_inference_s", "actor_record_s"))
+        if "actor_wait_s" in info.timings and busy > 0:
+            wait = info.timings["actor_wait_s"]
+            stats.add("actor_idle_frac", wait / (wait + busy))
+        return True
 
     # -- failures ------------------------------------------------------------------------------
     def restart_seeds(self, index: int) -> tuple[int, int]:
@@ -185,9 +208,16 @@ class DistributedActors(abc.ABC):
         if self.rollout_timeout_s is None:
             return
         now = time.monotonic()
-        for i, seen in enumerate(self.last_seen):
-            if now - seen > self.rollout_timeout_s:
-                self._recover(self._silent_failure(i, now - seen))
+        for i in range(self.n_actors):
+            since = self._owes_rollout_since(i)
+            if since is not None and now - since > self.rollout_timeout_s:
+                self._recover(self._silent_failure(i, now - since))
+
+    def _owes_rollout_since(self, index: int) -> float | None:
+        """Since when actor `index` owes the learner a rollout (None: it owes none now, being idle
+        on purpose). Actors that always work on one owe it since their last delivery; on-policy
+        backends, whose actors idle between requests, say when the open request was taken."""
+        return self.last_seen[index]
 
     def _recover(self, failure: ActorFailure) -> None:
         """Restart the failed actor within the budget, or end the run with the failure."""

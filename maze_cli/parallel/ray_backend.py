@@ -58,6 +58,7 @@ class RayActorBody:
         torch.set_num_threads(1)
         self.actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy)
         self.record = spec.allocate()
+        self._last_end: float | None = None  # when the previous rollout was done: idle time is measured from it
 
     def placement(self) -> dict[str, Any]:
         import os
@@ -70,11 +71,14 @@ class RayActorBody:
     def collect(self, weights: list) -> tuple[Rollout, RolloutInfo]:
         """`weights` is [version, ref] (in a list, so Ray does not fetch the ref unless we ask)."""
         version, ref = weights
+        idle = 0.0 if self._last_end is None else time.perf_counter() - self._last_end
         if version != self.actor.policy_version:
             import ray
 
             self.actor.load_policy(ray.get(ref), version)
         info = self.actor.collect(self.record)
+        info.timings["actor_wait_s"] = idle
+        self._last_end = time.perf_counter()
         return self.record, info
 
 
@@ -87,6 +91,9 @@ class RayDistributedActors(DistributedActors):
         rollouts in flight dropped); one more failure ends the run.
     :param max_in_flight_per_actor: rollouts requested ahead from each actor.
     :param rollout_timeout_s: see DistributedActors; also how long actors may wait to be placed.
+    :param max_policy_lag, on_policy: see DistributedActors. On-policy, the learner requests
+        `batch_size` rollouts after each broadcast (spread over the actors, each request carrying
+        that version's weights) and none in between.
     """
 
     def __init__(
@@ -107,10 +114,12 @@ class RayDistributedActors(DistributedActors):
         envs_per_actor: int = 1,
         initial_policy: nn.Module | None = None,
         rollout_timeout_s: float | None = None,
+        max_policy_lag: int | None = None,
+        on_policy: bool = False,
     ):
         super().__init__(
             env_factory, policy, n_rollout_steps, n_actors, batch_size, envs_per_actor, actor_env_seeds, actor_agent_seeds,
-            initial_policy, max_restarts, rollout_timeout_s,
+            initial_policy, max_restarts, rollout_timeout_s, max_policy_lag, on_policy,
         )
         self.address = address
         # Ray itself never restarts or retries: a failure is ours to count and to recover from.
@@ -120,7 +129,8 @@ class RayDistributedActors(DistributedActors):
         }
         self.max_in_flight = max_in_flight_per_actor
         self.handles: list = []
-        self.pending: dict = {}
+        self.pending: dict = {}  # rollout ref -> actor index
+        self._requested: dict = {}  # rollout ref -> (policy version, monotonic time) of the request
         self.placements: list[dict[str, Any]] = []
         self._connected = False
 
@@ -142,8 +152,11 @@ class RayDistributedActors(DistributedActors):
             self.stop()  # the caller's `with` never reaches __exit__ when start fails
             raise
         self._weights = [0, ray.put({k: v.detach().cpu() for k, v in self.policy.state_dict().items()})]
-        for i in range(self.n_actors):
-            self._request_all(i)
+        if self.on_policy:
+            self._request_batch(0)
+        else:
+            for i in range(self.n_actors):
+                self._request_all(i)
 
     def _local_resources(self) -> dict[str, Any]:
         """For a Ray started here: enough CPUs for every actor. Ray counts CPUs to place actors,
@@ -169,7 +182,7 @@ class RayDistributedActors(DistributedActors):
         ray = import_ray()
         for handle in self.handles:
             _kill(ray, handle)
-        self.handles, self.pending = [], {}
+        self.handles, self.pending, self._requested = [], {}, {}
         if self._connected:
             ray.shutdown()
             self._connected = False
@@ -221,16 +234,38 @@ class RayDistributedActors(DistributedActors):
 
     # -- data flow -----------------------------------------------------------------------------
     def _request(self, index: int) -> None:
-        self.pending[self.handles[index].collect.remote(self._weights)] = index
+        ref = self.handles[index].collect.remote(self._weights)
+        self.pending[ref] = index
+        self._requested[ref] = (self.policy_version, time.monotonic())
 
     def _request_all(self, index: int) -> None:
+        if self.on_policy:
+            return  # requests are made per batch (_request_batch)
         for _ in range(self.max_in_flight - sum(1 for i in self.pending.values() if i == index)):
             self._request(index)
+
+    def _request_batch(self, received: int) -> None:
+        """On-policy: request what this version's batch still lacks (`received` rollouts are in),
+        each from the actor with the fewest requests open."""
+        current = sum(1 for ref in self.pending if self._requested[ref][0] == self.policy_version)
+        for _ in range(self.batch_size - received - current):
+            load = [0] * self.n_actors
+            for i in self.pending.values():
+                load[i] += 1
+            self._request(min(range(self.n_actors), key=lambda i: (load[i], (i - self.policy_version) % self.n_actors)))
+
+    def _owes_rollout_since(self, index: int) -> float | None:
+        if not self.on_policy:
+            return super()._owes_rollout_since(index)
+        asked = [self._requested[ref][1] for ref, i in self.pending.items() if i == index]
+        return max(min(asked), self.last_seen[index]) if asked else None
 
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
         ray = import_ray()
         self.policy_version += 1
         self._weights = [self.policy_version, ray.put({k: v.detach().cpu() for k, v in state_dict.items()})]
+        if self.on_policy:
+            self._request_batch(0)
 
     def _ready_count(self) -> int:
         ray = import_ray()
@@ -243,18 +278,22 @@ class RayDistributedActors(DistributedActors):
         start = time.perf_counter()
         rollouts: list[Rollout] = []
         while len(rollouts) < self.batch_size:
+            if self.on_policy:
+                self._request_batch(len(rollouts))  # again after a failure lost a request
             ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=_POLL_S)
             if not ready:
                 self._check_silent()
                 continue
             index = self.pending.pop(ready[0])
+            self._requested.pop(ready[0])
             received = self._receive(ray, ready[0], index)
             if received is None:
                 continue
             record, info = received
-            self._record_rollout(info)
-            rollouts.append(record)
-            self._request(index)
+            if self._record_rollout(info):
+                rollouts.append(record)
+            if not self.on_policy:
+                self._request(index)
         dequeue_time = time.perf_counter() - start
         batch = Rollout.cat(rollouts).to(learner_device)
         return batch, float(queue_before), float(self._ready_count()), dequeue_time
@@ -280,6 +319,7 @@ class RayDistributedActors(DistributedActors):
         ray = import_ray()
         _kill(ray, self.handles[index])
         self.pending = {ref: i for ref, i in self.pending.items() if i != index}
+        self._requested = {ref: self._requested[ref] for ref in self.pending}
         self.handles[index] = self._new_actor(index)
         self._request_all(index)
 

@@ -72,30 +72,35 @@ def actor_process(
     env_seed: int,
     agent_seed: int,
     initial_policy: nn.Module | None,
-    generation: int = 0,
+    generation: int,
+    busy_since: torch.Tensor,
 ) -> None:
-    """The body of one actor subprocess: pull weights if newer, take a free slot, fill it, hand it over.
+    """The body of one actor subprocess: take a free slot, pull weights if newer, fill it, hand it over.
 
     `generation` counts the actor's restarts; its error report carries it, so that a report from a
-    process the learner already replaced is not counted twice."""
+    process the learner already replaced is not counted twice. `busy_since[index]` (shared) holds
+    the monotonic time this actor took its slot, 0 while it holds none: the learner's silence clock."""
     torch.set_num_threads(1)
     actor = None
     slot = None  # the slot this actor holds, handed back with an error report
     try:
         actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy)
         while not stop_event.is_set():
-            if weights.version != actor.policy_version:
-                actor.policy_version = weights.pull(actor.policy)
             t0 = time.perf_counter()
             slot = _get(free_slots, stop_event)
             if slot is None:
                 break
             wait = time.perf_counter() - t0
+            busy_since[index] = time.monotonic()
+            # After taking the slot: an on-policy learner publishes before it hands out slots.
+            if weights.version != actor.policy_version:
+                actor.policy_version = weights.pull(actor.policy)
             info = actor.collect(slots.slot(slot))
             info.timings["actor_wait_s"] = wait
             if not _put(filled_slots, ("rollout", slot, info), stop_event):
                 break
             slot = None
+            busy_since[index] = 0.0
     except KeyboardInterrupt:
         pass
     except Exception:
@@ -116,6 +121,9 @@ class SubprocDistributedActors(DistributedActors):
         broadcasts once per collect. That holds while the actors keep pace with each other: one much
         slower than the rest (e.g. descheduled on a busy machine) can be overtaken and lag more.
         Policy lag is measured per rollout (the `policy_lag` epoch stat).
+    :param on_policy: see DistributedActors. Free slots are then the learner's requests: it hands out
+        `batch_size` of them after each broadcast (and one more for each restarted actor, which may
+        have died holding one), so an actor waits for the next broadcast once they are taken.
     :param start_method: one of `multiprocessing.get_all_start_methods()`; forkserver by default.
     :param max_restarts: see DistributedActors; a dead process may take its slot with it, so the
         pool holds one spare slot per allowed restart.
@@ -137,10 +145,12 @@ class SubprocDistributedActors(DistributedActors):
         initial_policy: nn.Module | None = None,
         max_restarts: int = 0,
         rollout_timeout_s: float | None = None,
+        max_policy_lag: int | None = None,
+        on_policy: bool = False,
     ):
         super().__init__(
             env_factory, policy, n_rollout_steps, n_actors, batch_size, envs_per_actor, actor_env_seeds, actor_agent_seeds,
-            initial_policy, max_restarts, rollout_timeout_s,
+            initial_policy, max_restarts, rollout_timeout_s, max_policy_lag, on_policy,
         )
         if queue_out_of_sync_factor <= 0:
             raise ValueError("queue_out_of_sync_factor must be positive")
@@ -156,16 +166,20 @@ class SubprocDistributedActors(DistributedActors):
     def _start_actors(self) -> None:
         self._ctx = mp.get_context(self.start_method)
         warm_up_start_method(self.start_method)
-        n_slots = self.queue_size + self.n_actors + self.max_restarts
+        if self.on_policy:  # one batch requested at a time; restarts may lose a slot and over-request one
+            n_slots = self.batch_size + self.n_actors + 2 * self.max_restarts
+        else:
+            n_slots = self.queue_size + self.n_actors + self.max_restarts
         self.slots = self.rollout_spec.allocate(shared=True, n_slots=n_slots)
         total = self.slots.nbytes
         log.info(f"shared memory: {total / n_slots / 2**20:.2f} MiB per rollout slot, {n_slots} slots, {total / 2**20:.1f} MiB in all")
         self.free_slots = self._ctx.Queue()
-        for slot in range(n_slots):
-            self.free_slots.put(slot)
-        self.filled_slots = self._ctx.Queue(maxsize=self.queue_size)
+        self._idle_slots = list(range(n_slots))  # on-policy: slots the learner has not handed out
+        self._request(self.batch_size if self.on_policy else n_slots)
+        self.filled_slots = self._ctx.Queue(maxsize=n_slots if self.on_policy else self.queue_size)
         self.weights = SharedWeights(self.policy)
         self.stop_event = self._ctx.Event()
+        self.busy_since = torch.zeros(self.n_actors, dtype=torch.float64).share_memory_()
         self._policy_copy = copy.deepcopy(self.policy)
         self._stopped = False
         self.processes = [None] * self.n_actors
@@ -180,18 +194,27 @@ class SubprocDistributedActors(DistributedActors):
             args=(
                 index, self.env_factory, self._policy_copy, self.rollout_spec, self.slots, self.free_slots, self.filled_slots,
                 self.weights, self.stop_event, env_seed, agent_seed, self.initial_policy, self.actor_restarts[index],
+                self.busy_since,
             ),
             daemon=True,
         )
         process.start()
         self.processes[index] = process
 
+    def _request(self, n: int) -> None:
+        """Hand `n` free slots to the actors (fewer if fewer are idle)."""
+        for _ in range(min(n, len(self._idle_slots))):
+            self.free_slots.put(self._idle_slots.pop())
+
     def _restart_actor(self, index: int) -> None:
         old = self.processes[index]
         if old.is_alive():
             old.kill()
         old.join(timeout=_JOIN_TIMEOUT_S)
+        self.busy_since[index] = 0.0
         self._spawn(index)
+        if self.on_policy:
+            self._request(1)  # the old process may have died holding a requested slot
 
     def stop(self) -> None:
         """Signal the actors, drain the queue so none blocks, join them, and kill any that linger."""
@@ -222,6 +245,8 @@ class SubprocDistributedActors(DistributedActors):
 
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.policy_version = self.weights.publish(state_dict)
+        if self.on_policy:
+            self._request(self.batch_size)  # after publishing: these rollouts use the new version
 
     def _check_alive(self) -> None:
         """Recover any actor whose process is gone (one poll over the process sentinels)."""
@@ -255,20 +280,35 @@ class SubprocDistributedActors(DistributedActors):
             if kind == "error":
                 index, generation, slot, details = payload
                 if slot is not None:
-                    self.free_slots.put(slot)
+                    self._release(slot)
                 if generation != self.actor_restarts[index]:
                     continue  # from a process already replaced (e.g. killed as silent after it reported)
                 self.processes[index].join(timeout=_JOIN_TIMEOUT_S)  # it exits after reporting
                 self._actor_failed(index, details)
                 continue
             slot, info = payload
-            self._record_rollout(info)
-            taken.append(slot)
+            if self._record_rollout(info):
+                taken.append(slot)
+            else:
+                self._release(slot)
         dequeue_time = time.perf_counter() - start
         batch = Rollout.cat([self.slots.slot(s) for s in taken]).to(learner_device)
         for slot in taken:
-            self.free_slots.put(slot)
+            self._release(slot)
         return batch, float(queue_before), float(self.filled_slots.qsize()), dequeue_time
+
+    def _owes_rollout_since(self, index: int) -> float | None:
+        if not self.on_policy:
+            return super()._owes_rollout_since(index)
+        since = float(self.busy_since[index])
+        return None if since == 0.0 else max(since, self.last_seen[index])
+
+    def _release(self, slot: int) -> None:
+        """A slot the learner is done with: free again, or (on-policy) kept for the next request."""
+        if self.on_policy:
+            self._idle_slots.append(slot)
+        else:
+            self.free_slots.put(slot)
 
     def alive_pids(self) -> list[int]:
         """PIDs of actor processes still running (for checks that nothing outlives the run)."""

@@ -8,6 +8,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from maze_cli.normalization import ObservationNormalizer
 from maze_cli.policies.base import Observations, Policy, PolicyOutput, State, one_step
 from maze_cli.policies.distributions import DiagGaussian, make_distribution
 from maze_cli.policies.mlp import linear, mlp_network
@@ -21,14 +22,18 @@ class ActorCritic(Policy):
         `policy` group gives it; default: an MLP of 64 x 64 tanh units.
     :param shared_network: one network under both heads (its features must serve both), or a
         second network of the same config for the value head.
+    :param normalize_obs: normalize the float vector keys of observations by running statistics
+        that the learner updates (`maze_cli.normalization`); they are buffers of this
+        module, so actors, checkpoints and `rollout` use the same ones.
     """
 
     def __init__(
         self, observation_space: gym.Space, action_space: gym.Space, network: Mapping[str, Any] | None = None,
-        shared_network: bool = False,
+        shared_network: bool = False, normalize_obs: bool = False,
     ):
         super().__init__()
         self.observation_space, self.action_space = observation_space, action_space
+        self.obs_normalizer = ObservationNormalizer(observation_space) if normalize_obs else None
         config = dict(network or mlp_network())
         self.network = build_network(config, observation_space)
         self.value_network = None if shared_network else build_network(config, observation_space)
@@ -54,6 +59,8 @@ class ActorCritic(Policy):
     def forward(self, observations: Observations, state: State = (), episode_start: torch.Tensor | None = None) -> PolicyOutput:
         """Params `[T, B, P]` and values `[T, B]` of time-major observations."""
         k = self._n_policy_state
+        if self.obs_normalizer is not None:
+            observations = self.obs_normalizer(observations)
         features, policy_state = self.network(observations, state[:k], episode_start)
         if self.value_network is None:
             value_features, value_state = features, ()
@@ -65,6 +72,8 @@ class ActorCritic(Policy):
         """Acting skips the value head and, with two networks, the value network: half the work.
         A recurrent value network still steps its state, so the learner can unroll it alike."""
         k = self._n_policy_state
+        if self.obs_normalizer is not None:
+            observations = self.obs_normalizer(observations)
         obs, starts = one_step(observations, episode_start)
         features, policy_state = self.network(obs, state[:k], starts)
         value_state = state[k:]

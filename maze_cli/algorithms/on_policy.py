@@ -1,0 +1,119 @@
+"""What the actor-critic algorithms (IMPALA, PPO, APPO) share: the loop over the actors, returns
+with truncated episodes bootstrapped, GAE, averages over real steps, and the normalization options."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import gymnasium as gym
+import torch
+
+from maze_cli.normalization import RewardScaler
+from maze_cli.parallel.distributed_actors import DistributedActors
+from maze_cli.policies.actor_critic import ActorCritic
+from maze_cli.records import Rollout
+from maze_cli.stats.aggregator import EpochStatsAggregator
+from maze_cli.training import check_finite
+
+
+class RolloutLearner(Protocol):
+    policy: ActorCritic
+    device: str
+    updates: int
+    timings: dict[str, float]
+
+    def update(self, batch: Rollout) -> dict[str, float]: ...
+
+
+class OnPolicyLoop:
+    """One iteration: take a batch of rollouts from the actors, update, broadcast.
+
+    The actors decide which rollouts make a batch: as they come (IMPALA), none older than
+    `max_policy_lag` versions (APPO), or only the current version (PPO, `on_policy=True`)."""
+
+    def __init__(self, actors: DistributedActors, learner: RolloutLearner):
+        self.actors = actors
+        self.learner = learner
+        self.actor_stats = actors.get_epoch_stats_aggregator()
+        self.learner_stats = EpochStatsAggregator()
+
+    def updates(self) -> int:
+        return self.learner.updates
+
+    def iteration(self) -> int:
+        t0 = time.perf_counter()
+        batch, queue_before, _, dequeue_s = self.actors.collect_outputs(self.learner.device)
+        t1 = time.perf_counter()
+        update = self.learner.update(batch)
+        check_finite(update, ("loss", "policy_loss", "value_loss"))
+        t2 = time.perf_counter()
+        self.actors.broadcast_updated_policy(self.learner.policy.state_dict())
+        t3 = time.perf_counter()
+        stats = self.learner_stats
+        for key, value in update.items():
+            stats.add(f"learner/{key}", value)
+        stats.add("queue_size", queue_before)
+        stats.add("time/wait_actors_s", t1 - t0)
+        stats.add("time/dequeue_s", dequeue_s)
+        stats.add("time/learner_s", t2 - t1)
+        stats.add("time/learner_forward_s", self.learner.timings["forward"])
+        stats.add("time/learner_backward_s", self.learner.timings["backward"])
+        stats.add("time/broadcast_s", t3 - t2)
+        return batch.rewards.numel()
+
+
+def continuous(action_space: gym.Space) -> bool:
+    return isinstance(action_space, gym.spaces.Box)
+
+
+def normalization(normalize_obs: bool | None, normalize_reward: bool | None, action_space: gym.Space) -> tuple[bool, bool]:
+    """The options as set, or (null) on for continuous actions, where returns and observations
+    have scales no default fits (Pendulum's returns reach -1,600), and off for discrete ones."""
+    auto = continuous(action_space)
+    return (auto if normalize_obs is None else normalize_obs), (auto if normalize_reward is None else normalize_reward)
+
+
+def reward_scaler(enabled: bool, gamma: float) -> RewardScaler | None:
+    return RewardScaler(gamma) if enabled else None
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `x` over the steps where `mask` (real transitions, not autoreset steps) holds."""
+    mask = mask.to(x.dtype)
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+@torch.no_grad()
+def bootstrap_truncated(policy: ActorCritic, rewards: torch.Tensor, batch: Rollout, gamma: float) -> torch.Tensor:
+    """`rewards` with gamma * V(final observation) added where an episode was truncated, not ended
+    (a time limit: the state had a future). V is the policy's, in the units of `rewards`."""
+    rewards = rewards.clone()
+    where = batch.truncated.nonzero(as_tuple=True)
+    if where[0].numel():
+        final_obs = {k: v[where].unsqueeze(0) for k, v in batch.final_observations.items()}
+        # A recurrent policy's state at the final observation is not recorded: it starts afresh there.
+        state = tuple(s.to(rewards.device) for s in policy.initial_state(int(where[0].numel())))
+        rewards[where] += gamma * policy.value(final_obs, state)[0]
+    return rewards
+
+
+@torch.no_grad()
+def gae(rewards: torch.Tensor, values: torch.Tensor, bootstrap_value: torch.Tensor, discounts: torch.Tensor, lam: float) -> torch.Tensor:
+    """Generalized advantage estimates (Schulman et al. 2016), `[T, B]`, computed backwards:
+
+        delta_t = r_t + gamma_t V(x_{t+1}) - V(x_t)
+        A_t     = delta_t + gamma_t lam A_{t+1}
+
+    `discounts[t]` is gamma_t: gamma, or 0 where the episode ended after step t (so nothing flows
+    across episodes); `bootstrap_value` is V(x_T) `[B]`. lam=1 gives the discounted return minus
+    V(x_t); lam=0 the one-step TD error. Returns are A_t + V(x_t).
+    """
+    values_tp1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    deltas = rewards + discounts * values_tp1 - values
+    advantages = torch.empty_like(values)
+    acc = torch.zeros_like(bootstrap_value)
+    for t in range(values.shape[0] - 1, -1, -1):
+        acc = deltas[t] + discounts[t] * lam * acc
+        advantages[t] = acc
+    return advantages

@@ -1,0 +1,124 @@
+"""Observation normalization and reward scaling for the on-policy algorithms.
+
+Observation statistics live in the policy (`ObservationNormalizer`, buffers of the module): they
+travel to the actors with every weight broadcast, are saved in checkpoints and used by `rollout`
+and evaluation, which never change them. Only the learner updates them, from the batches it trains
+on, i.e. from every actor's data pooled; merging per-chunk moments (Chan et al. 1979) gives exactly
+the moments of the pooled data, in any order and chunking.
+
+Reward scaling divides rewards by the running standard deviation of the discounted return, as
+Engstrom et al. (2020) describe PPO's implementation: the learner follows each env's return across
+rollouts by the rollouts' `env_id`, so it needs no state in the actors.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from maze_cli.envs.spaces import _flatten_spaces
+from maze_cli.records import Rollout
+
+_EPS = 1e-8
+
+
+class RunningMeanStd(nn.Module):
+    """Mean and variance of everything seen so far, per element of `shape` (buffers: mean, var, count)."""
+
+    def __init__(self, shape: tuple[int, ...] = ()):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Add samples `x` `[N, *shape]`."""
+        x = x.detach().to(torch.float64).reshape(-1, *self.mean.shape)
+        if x.shape[0]:
+            self.merge(x.mean(0), x.var(0, unbiased=False), float(x.shape[0]))
+
+    @torch.no_grad()
+    def merge(self, mean: torch.Tensor, var: torch.Tensor, count: float) -> None:
+        """Combine with the moments of `count` other samples (population variance)."""
+        total = self.count + count
+        delta = mean.to(self.mean) - self.mean
+        m2 = self.var * self.count + var.to(self.var) * count + delta.pow(2) * self.count * count / total
+        self.mean += delta * count / total
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def normalize(self, x: torch.Tensor, clip: float) -> torch.Tensor:
+        """(x - mean) / std, clipped to [-clip, clip], in x's dtype."""
+        mean, std = self.mean.to(x.dtype), (self.var + _EPS).sqrt().to(x.dtype)
+        return ((x - mean) / std).clamp(-clip, clip)
+
+
+def vector_keys(space: gym.Space) -> list[str]:
+    """The observation keys worth normalizing: float Boxes of rank 0-2 (images keep their own scaling)."""
+    return [
+        key for key, sub in _flatten_spaces(space).items()
+        if isinstance(sub, gym.spaces.Box) and sub.dtype.kind == "f" and len(sub.shape) <= 2
+    ]
+
+
+class ObservationNormalizer(nn.Module):
+    """Normalizes the vector keys of an observation dict by running statistics (clipped at `clip`)."""
+
+    def __init__(self, observation_space: gym.Space, clip: float = 10.0):
+        super().__init__()
+        self.keys = vector_keys(observation_space)
+        spaces = _flatten_spaces(observation_space)
+        self.stats = nn.ModuleList(RunningMeanStd(tuple(spaces[k].shape)) for k in self.keys)
+        self.clip = clip
+
+    def forward(self, observations: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = dict(observations)
+        for key, stats in zip(self.keys, self.stats):
+            out[key] = stats.normalize(observations[key], self.clip)
+        return out
+
+    @torch.no_grad()
+    def update(self, observations: dict[str, torch.Tensor]) -> None:
+        """Add a batch of observations (any leading dims)."""
+        for key, stats in zip(self.keys, self.stats):
+            stats.update(observations[key])
+
+
+class RewardScaler:
+    """Scales rewards by 1 / std of the discounted return R_t = gamma R_{t-1} + r_t (reset at episode
+    ends), followed per env across rollouts; the scaled reward is clipped at `clip`."""
+
+    def __init__(self, gamma: float, clip: float = 10.0):
+        self.gamma = gamma
+        self.clip = clip
+        self.stats = RunningMeanStd()
+        self.returns = torch.zeros(0, dtype=torch.float64)  # by env id
+
+    @torch.no_grad()
+    def __call__(self, batch: Rollout) -> torch.Tensor:
+        """The batch's rewards, scaled; updates the statistics with the batch's returns first."""
+        ids = batch.env_id.cpu()
+        if int(ids.max()) >= self.returns.numel():
+            grown = torch.zeros(int(ids.max()) + 1, dtype=torch.float64)
+            grown[: self.returns.numel()] = self.returns
+            self.returns = grown
+        rewards, dones = batch.rewards.to(torch.float64).cpu(), batch.dones.cpu()
+        real = ~batch.autoreset.cpu()
+        ret, seen = self.returns[ids], []
+        for t in range(rewards.shape[0]):
+            ret = ret * self.gamma + rewards[t]
+            seen.append(ret[real[t]])
+            ret = torch.where(dones[t], torch.zeros_like(ret), ret)
+        self.returns[ids] = ret
+        self.stats.update(torch.cat(seen))
+        scale = float((self.stats.var + _EPS).sqrt())
+        return (batch.rewards / scale).clamp(-self.clip, self.clip)
+
+    def state_dict(self) -> dict:
+        return {"stats": self.stats.state_dict(), "returns": self.returns.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stats.load_state_dict(state["stats"])
+        self.returns = state["returns"].clone()
