@@ -85,6 +85,11 @@ class ObservationNormalizer(nn.Module):
         for key, stats in zip(self.keys, self.stats):
             stats.update(observations[key])
 
+    def update_from(self, batch: Rollout) -> None:
+        """Add a batch's observations, each once: the last row (the one to bootstrap from) is the
+        first of the actor's next rollout."""
+        self.update({key: value[: batch.n_steps] for key, value in batch.observations.items()})
+
 
 class RewardScaler:
     """Scales rewards by 1 / std of the discounted return R_t = gamma R_{t-1} + r_t (reset at episode

@@ -205,3 +205,23 @@ def test_without_ray_installed_runner_ray_says_how_to_install(monkeypatch):
     monkeypatch.setattr(schema.importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     with pytest.raises(schema.ConfigError, match=r"pip install 'maze_cli\[ray\]'"):
         schema.validate(cfg, [])
+
+
+def test_on_policy_ray_batches_hold_only_the_current_version_and_lagging_ones_are_dropped(cluster):
+    with make_actors(cluster, on_policy=True) as actors:
+        for _ in range(4):
+            batch, *_ = actors.collect_outputs("cpu")
+            assert (batch.policy_version == actors.policy_version).all()
+            assert not actors.pending  # nothing more is asked for until the next broadcast
+            time.sleep(0.3)  # asynchronous actors would have collected more with this version meanwhile
+            actors.broadcast_updated_policy(actors.policy.state_dict())
+        stats = actors.get_epoch_stats_aggregator()
+        assert stats.get("policy_lag", "max") == 0 and not stats.values("dropped_rollouts")
+        assert stats.get("actor_idle_frac", "mean") > 0.3
+    with make_actors(cluster, max_policy_lag=0) as actors:
+        actors.collect_outputs("cpu")
+        for _ in range(3):
+            actors.broadcast_updated_policy(actors.policy.state_dict())
+        batch, *_ = actors.collect_outputs("cpu")
+        assert (batch.policy_version == actors.policy_version).all()
+        assert actors.get_epoch_stats_aggregator().get("dropped_rollouts", "sum") >= 2

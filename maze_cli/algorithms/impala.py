@@ -147,7 +147,7 @@ class ImpalaLearner:
         self.optimizer.step()
         self.updates += 1
         if self.policy.obs_normalizer is not None:  # after the step: the next version acts and learns with them
-            self.policy.obs_normalizer.update(batch.observations)
+            self.policy.obs_normalizer.update_from(batch)
         self.timings = {"forward": t1 - t0, "backward": time.perf_counter() - t1}
         return {
             "loss": loss.item(),

@@ -181,7 +181,7 @@ class PpoLearner:
             if stopped:
                 break
         if self.policy.obs_normalizer is not None:  # after the steps: the next version acts and learns with them
-            self.policy.obs_normalizer.update(batch.observations)
+            self.policy.obs_normalizer.update_from(batch)
         self.env_steps += batch.rewards.numel()
         self.timings = {"forward": t_prep + forward_s, "backward": backward_s}
         result = {key: value / max(steps, 1) for key, value in sums.items()}

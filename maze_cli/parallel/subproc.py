@@ -73,13 +73,11 @@ def actor_process(
     agent_seed: int,
     initial_policy: nn.Module | None,
     generation: int,
-    busy_since: torch.Tensor,
 ) -> None:
     """The body of one actor subprocess: take a free slot, pull weights if newer, fill it, hand it over.
 
     `generation` counts the actor's restarts; its error report carries it, so that a report from a
-    process the learner already replaced is not counted twice. `busy_since[index]` (shared) holds
-    the monotonic time this actor took its slot, 0 while it holds none: the learner's silence clock."""
+    process the learner already replaced is not counted twice."""
     torch.set_num_threads(1)
     actor = None
     slot = None  # the slot this actor holds, handed back with an error report
@@ -91,16 +89,14 @@ def actor_process(
             if slot is None:
                 break
             wait = time.perf_counter() - t0
-            busy_since[index] = time.monotonic()
             # After taking the slot: an on-policy learner publishes before it hands out slots.
             if weights.version != actor.policy_version:
                 actor.policy_version = weights.pull(actor.policy)
             info = actor.collect(slots.slot(slot))
             info.timings["actor_wait_s"] = wait
-            if not _put(filled_slots, ("rollout", slot, info), stop_event):
+            if not _put(filled_slots, ("rollout", slot, info, generation), stop_event):
                 break
             slot = None
-            busy_since[index] = 0.0
     except KeyboardInterrupt:
         pass
     except Exception:
@@ -121,9 +117,11 @@ class SubprocDistributedActors(DistributedActors):
         broadcasts once per collect. That holds while the actors keep pace with each other: one much
         slower than the rest (e.g. descheduled on a busy machine) can be overtaken and lag more.
         Policy lag is measured per rollout (the `policy_lag` epoch stat).
-    :param on_policy: see DistributedActors. Free slots are then the learner's requests: it hands out
-        `batch_size` of them after each broadcast (and one more for each restarted actor, which may
-        have died holding one), so an actor waits for the next broadcast once they are taken.
+    :param on_policy: see DistributedActors. Free slots are then the learner's requests: after each
+        broadcast it hands out `batch_size` of them, each into the own queue of the actor with the
+        fewest open requests, so an actor waits for the next broadcast once its requests are done.
+        The learner knows which actor holds which request: a restarted actor's requests go to the
+        others, and an actor killed while waiting on its queue blocks no other actor.
     :param start_method: one of `multiprocessing.get_all_start_methods()`; forkserver by default.
     :param max_restarts: see DistributedActors; a dead process may take its slot with it, so the
         pool holds one spare slot per allowed restart.
@@ -166,25 +164,32 @@ class SubprocDistributedActors(DistributedActors):
     def _start_actors(self) -> None:
         self._ctx = mp.get_context(self.start_method)
         warm_up_start_method(self.start_method)
-        if self.on_policy:  # one batch requested at a time; restarts may lose a slot and over-request one
-            n_slots = self.batch_size + self.n_actors + 2 * self.max_restarts
+        if self.on_policy:  # one batch requested at a time
+            n_slots = self.batch_size + self.n_actors
         else:
             n_slots = self.queue_size + self.n_actors + self.max_restarts
         self.slots = self.rollout_spec.allocate(shared=True, n_slots=n_slots)
         total = self.slots.nbytes
         log.info(f"shared memory: {total / n_slots / 2**20:.2f} MiB per rollout slot, {n_slots} slots, {total / 2**20:.1f} MiB in all")
         self.free_slots = self._ctx.Queue()
-        self._idle_slots = list(range(n_slots))  # on-policy: slots the learner has not handed out
-        self._request(self.batch_size if self.on_policy else n_slots)
+        # on-policy: one request queue per actor, the slots not handed out, and each actor's open
+        # requests (slot -> policy version and time of the request)
+        self._requests = [self._ctx.Queue() for _ in range(self.n_actors)] if self.on_policy else []
+        self._idle_slots = list(range(n_slots)) if self.on_policy else []
+        self._open: list[dict[int, tuple[int, float]]] = [{} for _ in range(self.n_actors)]
+        if not self.on_policy:
+            for slot in range(n_slots):
+                self.free_slots.put(slot)
         self.filled_slots = self._ctx.Queue(maxsize=n_slots if self.on_policy else self.queue_size)
         self.weights = SharedWeights(self.policy)
         self.stop_event = self._ctx.Event()
-        self.busy_since = torch.zeros(self.n_actors, dtype=torch.float64).share_memory_()
         self._policy_copy = copy.deepcopy(self.policy)
         self._stopped = False
         self.processes = [None] * self.n_actors
         for i in range(self.n_actors):
             self._spawn(i)
+        if self.on_policy:
+            self._request_batch(0)
 
     def _spawn(self, index: int) -> None:
         env_seed, agent_seed = self.restart_seeds(index)
@@ -192,29 +197,37 @@ class SubprocDistributedActors(DistributedActors):
             target=actor_process,
             name=f"maze-actor-{index}",
             args=(
-                index, self.env_factory, self._policy_copy, self.rollout_spec, self.slots, self.free_slots, self.filled_slots,
+                index, self.env_factory, self._policy_copy, self.rollout_spec, self.slots,
+                self._requests[index] if self.on_policy else self.free_slots, self.filled_slots,
                 self.weights, self.stop_event, env_seed, agent_seed, self.initial_policy, self.actor_restarts[index],
-                self.busy_since,
             ),
             daemon=True,
         )
         process.start()
         self.processes[index] = process
 
-    def _request(self, n: int) -> None:
-        """Hand `n` free slots to the actors (fewer if fewer are idle)."""
-        for _ in range(min(n, len(self._idle_slots))):
-            self.free_slots.put(self._idle_slots.pop())
+    def _request_batch(self, received: int) -> None:
+        """On-policy: request what this version's batch still lacks (`received` rollouts are in),
+        each from the actor with the fewest open requests."""
+        current = sum(1 for open_ in self._open for version, _ in open_.values() if version == self.policy_version)
+        for _ in range(self.batch_size - received - current):
+            index = min(range(self.n_actors), key=lambda i: (len(self._open[i]), (i - self.policy_version) % self.n_actors))
+            slot = self._idle_slots.pop()
+            self._open[index][slot] = (self.policy_version, time.monotonic())
+            self._requests[index].put(slot)
 
     def _restart_actor(self, index: int) -> None:
         old = self.processes[index]
         if old.is_alive():
             old.kill()
         old.join(timeout=_JOIN_TIMEOUT_S)
-        self.busy_since[index] = 0.0
+        if self.on_policy:  # its requests died with it: the queue (its lock too) and the slots
+            self._requests[index].cancel_join_thread()
+            self._requests[index].close()
+            self._requests[index] = self._ctx.Queue()
+            self._idle_slots += list(self._open[index])
+            self._open[index] = {}
         self._spawn(index)
-        if self.on_policy:
-            self._request(1)  # the old process may have died holding a requested slot
 
     def stop(self) -> None:
         """Signal the actors, drain the queue so none blocks, join them, and kill any that linger."""
@@ -231,7 +244,7 @@ class SubprocDistributedActors(DistributedActors):
             if process.is_alive():
                 process.kill()
             process.join(timeout=_JOIN_TIMEOUT_S)
-        for q in (self.free_slots, self.filled_slots):
+        for q in (self.free_slots, self.filled_slots, *self._requests):
             q.cancel_join_thread()
             q.close()
         self.processes = []
@@ -246,7 +259,7 @@ class SubprocDistributedActors(DistributedActors):
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.policy_version = self.weights.publish(state_dict)
         if self.on_policy:
-            self._request(self.batch_size)  # after publishing: these rollouts use the new version
+            self._request_batch(0)  # after publishing: these rollouts use the new version
 
     def _check_alive(self) -> None:
         """Recover any actor whose process is gone (one poll over the process sentinels)."""
@@ -260,9 +273,12 @@ class SubprocDistributedActors(DistributedActors):
                     continue
                 self._actor_failed(i, f"process {process.pid} exited with code {process.exitcode}")
 
-    def _next_message(self) -> tuple:
-        """The next queue message, recovering dead or silent actors while waiting."""
+    def _next_message(self, received: int) -> tuple:
+        """The next queue message, recovering dead or silent actors while waiting (and, on-policy,
+        handing a restarted actor's requests to the others; `received` rollouts are in)."""
         while True:
+            if self.on_policy:
+                self._request_batch(received)
             try:
                 return self.filled_slots.get(timeout=_POLL_S)
             except queue.Empty:
@@ -276,17 +292,21 @@ class SubprocDistributedActors(DistributedActors):
         start = time.perf_counter()
         taken: list[int] = []
         while len(taken) < self.batch_size:
-            kind, *payload = self._next_message()
+            kind, *payload = self._next_message(len(taken))
             if kind == "error":
                 index, generation, slot, details = payload
-                if slot is not None:
-                    self._release(slot)
+                if slot is not None and not self.on_policy:
+                    self.free_slots.put(slot)  # on-policy: the restart takes back all its requests
                 if generation != self.actor_restarts[index]:
                     continue  # from a process already replaced (e.g. killed as silent after it reported)
                 self.processes[index].join(timeout=_JOIN_TIMEOUT_S)  # it exits after reporting
                 self._actor_failed(index, details)
                 continue
-            slot, info = payload
+            slot, info, generation = payload
+            if self.on_policy:
+                if generation != self.actor_restarts[info.actor_index]:
+                    continue  # a replaced process's request: taken back, and maybe handed out again
+                self._open[info.actor_index].pop(slot)
             if self._record_rollout(info):
                 taken.append(slot)
             else:
@@ -300,8 +320,8 @@ class SubprocDistributedActors(DistributedActors):
     def _owes_rollout_since(self, index: int) -> float | None:
         if not self.on_policy:
             return super()._owes_rollout_since(index)
-        since = float(self.busy_since[index])
-        return None if since == 0.0 else max(since, self.last_seen[index])
+        asked = [when for _, when in self._open[index].values()]
+        return max(min(asked), self.last_seen[index]) if asked else None
 
     def _release(self, slot: int) -> None:
         """A slot the learner is done with: free again, or (on-policy) kept for the next request."""
