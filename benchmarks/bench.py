@@ -101,17 +101,23 @@ def breakdown(run: TrainRun) -> str:
 
 
 # -- 4. time to solve ---------------------------------------------------------------------------
+def sb3_run(task: str, seed: int, max_s: float | None = None) -> tuple[float, bool]:
+    """One sb3_baseline.py run in its own process, timed whole like `train`: (wall s, solved)."""
+    budget = [] if max_s is None else ["--max-s", str(max_s)]
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(HERE / "sb3_baseline.py"), task, "--seed", str(seed), *budget],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"sb3 {task} seed {seed} failed:\n{proc.stderr[-2000:]}")
+    return wall, json.loads(proc.stdout.strip().splitlines()[-1])["solved"]
+
+
 def sb3_solve(algo: str, seeds: list[int]) -> list[tuple[float, bool]]:
     results = []
     for seed in seeds:
-        start = time.perf_counter()
-        proc = subprocess.run([sys.executable, str(HERE / "sb3_baseline.py"), algo, "--seed", str(seed)],
-                              capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        wall = time.perf_counter() - start
-        if proc.returncode != 0:
-            raise SystemExit(f"sb3 {algo} seed {seed} failed:\n{proc.stderr[-2000:]}")
-        results.append((wall, json.loads(proc.stdout.strip().splitlines()[-1])["solved"]))
-        print(f"sb3 {algo} seed {seed}: {wall:.1f} s", file=sys.stderr, flush=True)
+        results.append(sb3_run(algo, seed))
+        print(f"sb3 {algo} seed {seed}: {results[-1][0]:.1f} s", file=sys.stderr, flush=True)
     return results
 
 

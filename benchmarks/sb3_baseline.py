@@ -1,10 +1,16 @@
 """Stable-Baselines3 on the same tasks and stopping rules as maze_cli's time-to-solve runs.
 
-    python benchmarks/sb3_baseline.py ppo --seed 1   # PPO, rl-zoo CartPole-v1 settings, to a 100-episode mean of 475
-    python benchmarks/sb3_baseline.py sac --seed 1   # SAC, rl-zoo Pendulum-v1 settings, to a 10-episode mean of -200
+    python benchmarks/sb3_baseline.py ppo --seed 1            # PPO, rl-zoo CartPole-v1 settings, to a 100-episode mean of 475
+    python benchmarks/sb3_baseline.py ppo-acrobot --seed 1    # PPO, rl-zoo Acrobot-v1 settings, to a 100-episode mean of -100
+    python benchmarks/sb3_baseline.py ppo-pendulum --seed 1   # PPO, rl-zoo Pendulum-v1 settings, to a 10-episode mean of -200
+    python benchmarks/sb3_baseline.py sac --seed 1            # SAC, rl-zoo Pendulum-v1 settings, to a 10-episode mean of -200
 
-An optional benchmark dependency (pip install 'maze_cli[bench]'), never a runtime one. Prints one
-JSON line: solved, env steps, training seconds. Whole-process time is measured by the caller.
+Hyperparameters are rl-baselines3-zoo's (hyperparams/ppo.yml, sac.yml). PPO runs for the zoo's
+n_timesteps, because its linear schedules anneal over exactly that many steps, and stops early once
+the mean return of the last `window` finished training episodes reaches the target (no separate
+evaluation), the rule maze_cli's `eval.interval=0 target_window=<window>` applies. `--max-s` bounds
+the training time. An optional benchmark dependency (pip install 'maze_cli[bench]'), never a runtime
+one. Prints one JSON line: solved, env steps, training seconds. Whole-process time is measured by the caller.
 """
 
 from __future__ import annotations
@@ -12,40 +18,60 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any, Callable
 
-TASKS = {
-    # rl-zoo hyperparams/ppo.yml, CartPole-v1
-    "ppo": dict(env="CartPole-v1", target=475.0, window=100, max_steps=500_000),
-    # rl-zoo hyperparams/sac.yml, Pendulum-v1
-    "sac": dict(env="Pendulum-v1", target=-200.0, window=10, max_steps=100_000),
+
+def linear(start: float) -> Callable[[float], float]:
+    """rl-zoo's `lin_<start>`: SB3 passes the remaining progress, 1 at the start, 0 at total_timesteps."""
+    return lambda progress: progress * start
+
+
+# target and window: the stopping rule; total_timesteps: the zoo's n_timesteps for PPO (its schedules
+# depend on it), a budget only for SAC; n_envs, normalize (VecNormalize on observations and rewards)
+# and hyperparams: the zoo's, per env.
+TASKS: dict[str, dict[str, Any]] = {
+    "ppo": dict(algo="ppo", env="CartPole-v1", target=475.0, window=100, total_timesteps=100_000, n_envs=8, normalize=False,
+                hyperparams=dict(n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
+                                 learning_rate=linear(0.001), clip_range=linear(0.2))),
+    "ppo-acrobot": dict(algo="ppo", env="Acrobot-v1", target=-100.0, window=100, total_timesteps=1_000_000, n_envs=16,
+                        normalize=True, hyperparams=dict(n_steps=256, gae_lambda=0.94, gamma=0.99, n_epochs=4, ent_coef=0.0)),
+    "ppo-pendulum": dict(algo="ppo", env="Pendulum-v1", target=-200.0, window=10, total_timesteps=100_000, n_envs=4,
+                         normalize=False, hyperparams=dict(n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10, ent_coef=0.0,
+                                                           learning_rate=1e-3, clip_range=0.2, use_sde=True, sde_sample_freq=4)),
+    "sac": dict(algo="sac", env="Pendulum-v1", target=-200.0, window=10, total_timesteps=100_000, n_envs=1, normalize=False,
+                hyperparams=dict(learning_rate=1e-3, use_sde=True)),
 }
+TASKS["ppo-cartpole"] = TASKS["ppo"]
 
 
-def make_model(algo: str, seed: int):
+def make_model(name: str, seed: int):
     from stable_baselines3 import PPO, SAC
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
 
-    def linear(start: float):
-        return lambda progress: progress * start
-
-    if algo == "ppo":
-        env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
-        return PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
-                   learning_rate=linear(0.001), clip_range=linear(0.2), seed=seed, device="cpu")
-    return SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, use_sde=True, seed=seed, device="cpu")
+    task = TASKS[name]
+    # Monitor sits under VecNormalize, so the episode returns the stopping rule reads stay unnormalized.
+    env = make_vec_env(task["env"], n_envs=task["n_envs"], seed=seed)
+    if task["normalize"]:
+        env = VecNormalize(env, gamma=task["hyperparams"].get("gamma", 0.99))
+    algo = {"ppo": PPO, "sac": SAC}[task["algo"]]
+    return algo("MlpPolicy", env, seed=seed, device="cpu", **task["hyperparams"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("algo", choices=sorted(TASKS))
+    parser.add_argument("task", choices=sorted(TASKS))
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--max-s", type=float, help="stop, unsolved, after this many seconds of training")
+    parser.add_argument("--total-timesteps", type=int, help="override the task's total (a quick check; changes the schedules)")
     args = parser.parse_args()
     from stable_baselines3.common.callbacks import BaseCallback
 
-    task = TASKS[args.algo]
+    task = TASKS[args.task]
+    start = time.perf_counter()
 
     class StopAtTarget(BaseCallback):
-        """Stop once the mean return of the last `window` finished episodes reaches the target."""
+        """Stop once the mean return of the last `window` finished episodes reaches the target, or at --max-s."""
 
         solved = False
 
@@ -54,11 +80,10 @@ def main() -> None:
             if len(episodes) >= task["window"] and sum(episodes) / len(episodes) >= task["target"]:
                 StopAtTarget.solved = True
                 return False
-            return True
+            return args.max_s is None or time.perf_counter() - start < args.max_s
 
-    start = time.perf_counter()
-    model = make_model(args.algo, args.seed)
-    model.learn(total_timesteps=task["max_steps"], callback=StopAtTarget())
+    model = make_model(args.task, args.seed)
+    model.learn(total_timesteps=args.total_timesteps or task["total_timesteps"], callback=StopAtTarget())
     print(json.dumps({"solved": StopAtTarget.solved, "env_steps": int(model.num_timesteps),
                       "train_s": time.perf_counter() - start}))
 
