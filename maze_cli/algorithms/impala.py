@@ -14,8 +14,7 @@ import torch
 from torch import nn
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
-from maze_cli.algorithms.on_policy import OnPolicyLoop, bootstrap_truncated, normalization, reward_scaler
-from maze_cli.algorithms.optim import adam
+from maze_cli.algorithms.on_policy import ActorCriticLearner, OnPolicyLoop, normalization
 from maze_cli.config.schema import ImpalaConfig
 from maze_cli.policies.actor_critic import ActorCritic
 from maze_cli.policies.blueprint import policy_blueprint
@@ -89,28 +88,8 @@ class Impala(ImpalaConfig, Algorithm):
         return Run(OnPolicyLoop(actors, learner), actors, learner, blueprint)
 
 
-class ImpalaLearner:
+class ImpalaLearner(ActorCriticLearner):
     """Owns the actor-critic, its optimizer and the update; knows nothing of actors or backends."""
-
-    def __init__(self, policy: ActorCritic, hp: ImpalaConfig, device: str = "cpu", normalize_reward: bool = False):
-        self.policy = policy.to(device)
-        self.hp = hp
-        self.reward_scaler = reward_scaler(normalize_reward, hp.gamma)
-        self.device = device
-        self._optimizer: torch.optim.Optimizer | None = None
-        self.updates = 0
-        self.timings: dict[str, float] = {}  # seconds of the last update's forward and backward passes
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        """Built on first use (see maze_cli.algorithms.optim for why)."""
-        if self._optimizer is None:
-            self._optimizer = adam(self.policy.parameters(), lr=self.hp.lr, eps=self.hp.adam_eps)
-        return self._optimizer
-
-    def warm_up(self) -> None:
-        """Build the optimizer now (train calls this once the actors are starting)."""
-        self.optimizer
 
     def update(self, batch: Rollout) -> dict[str, float]:
         """One gradient step on a time-major batch; returns the learner's stats for this step."""
@@ -130,8 +109,7 @@ class ImpalaLearner:
         entropy = (dist.entropy(params) * real).sum() / n_real
 
         discounts = hp.gamma * (~batch.dones).float()
-        rewards = self.reward_scaler(batch) if self.reward_scaler else batch.rewards
-        rewards = bootstrap_truncated(self.policy, rewards, batch, hp.gamma)
+        rewards = self.rewards(batch)
         targets = vtrace(
             batch.behaviour_logp, target_logp.detach(), rewards, values.detach(), bootstrap_value.detach(),
             discounts, hp.rho_bar, hp.c_bar,
@@ -146,8 +124,7 @@ class ImpalaLearner:
         grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), hp.max_grad_norm)
         self.optimizer.step()
         self.updates += 1
-        if self.policy.obs_normalizer is not None:  # after the step: the next version acts and learns with them
-            self.policy.obs_normalizer.update_from(batch)
+        self.observe(batch)
         self.timings = {"forward": t1 - t0, "backward": time.perf_counter() - t1}
         return {
             "loss": loss.item(),
@@ -158,16 +135,3 @@ class ImpalaLearner:
             "rho_mean": float(targets.clipped_rhos.mean()),
             "value_mean": float(values.detach().mean()),
         }
-
-    def state_dict(self) -> dict:
-        state = {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "updates": self.updates}
-        if self.reward_scaler is not None:
-            state["reward_scaler"] = self.reward_scaler.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.updates = state["updates"]
-        if self.reward_scaler is not None and "reward_scaler" in state:
-            self.reward_scaler.load_state_dict(state["reward_scaler"])

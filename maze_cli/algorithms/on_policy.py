@@ -4,11 +4,12 @@ with truncated episodes bootstrapped, GAE, averages over real steps, and the nor
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Any
 
 import gymnasium as gym
 import torch
 
+from maze_cli.algorithms.optim import adam
 from maze_cli.normalization import RewardScaler
 from maze_cli.parallel.distributed_actors import DistributedActors
 from maze_cli.policies.actor_critic import ActorCritic
@@ -17,13 +18,56 @@ from maze_cli.stats.aggregator import EpochStatsAggregator
 from maze_cli.training import check_finite
 
 
-class RolloutLearner(Protocol):
-    policy: ActorCritic
-    device: str
-    updates: int
-    timings: dict[str, float]
+class ActorCriticLearner:
+    """What the learners of IMPALA, PPO and APPO share: the actor-critic on its device, its Adam
+    (built on first use: see maze_cli.algorithms.optim for why), the reward scaler, the observation
+    statistics' update, and checkpoint state. Subclasses write `update(batch) -> stats`."""
 
-    def update(self, batch: Rollout) -> dict[str, float]: ...
+    def __init__(self, policy: ActorCritic, hp: Any, device: str = "cpu", normalize_reward: bool = False):
+        self.policy = policy.to(device)
+        self.hp = hp
+        self.device = device
+        self.reward_scaler = reward_scaler(normalize_reward, hp.gamma)
+        self._optimizer: torch.optim.Optimizer | None = None
+        self.updates = 0  # gradient steps
+        self.timings: dict[str, float] = {}  # seconds of the last update's forward and backward passes
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        if self._optimizer is None:
+            self._optimizer = adam(self.policy.parameters(), lr=self.hp.lr, eps=self.hp.adam_eps)
+        return self._optimizer
+
+    def warm_up(self) -> None:
+        """Build the optimizer now (train calls this once the actors are starting)."""
+        self.optimizer
+
+    def rewards(self, batch: Rollout) -> torch.Tensor:
+        """The batch's rewards, scaled when `normalize_reward` is on, truncated episodes bootstrapped."""
+        rewards = self.reward_scaler(batch) if self.reward_scaler else batch.rewards
+        return bootstrap_truncated(self.policy, rewards, batch, self.hp.gamma)
+
+    def observe(self, batch: Rollout) -> None:
+        """After an update: the observation statistics take in the batch, so that the next policy
+        version acts and learns with the same ones."""
+        if self.policy.obs_normalizer is not None:
+            self.policy.obs_normalizer.update_from(batch)
+
+    def update(self, batch: Rollout) -> dict[str, float]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        state = {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "updates": self.updates}
+        if self.reward_scaler is not None:
+            state["reward_scaler"] = self.reward_scaler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = state["updates"]
+        if self.reward_scaler is not None and "reward_scaler" in state:
+            self.reward_scaler.load_state_dict(state["reward_scaler"])
 
 
 class OnPolicyLoop:
@@ -32,7 +76,7 @@ class OnPolicyLoop:
     The actors decide which rollouts make a batch: as they come (IMPALA), none older than
     `max_policy_lag` versions (APPO), or only the current version (PPO, `on_policy=True`)."""
 
-    def __init__(self, actors: DistributedActors, learner: RolloutLearner):
+    def __init__(self, actors: DistributedActors, learner: ActorCriticLearner):
         self.actors = actors
         self.learner = learner
         self.actor_stats = actors.get_epoch_stats_aggregator()

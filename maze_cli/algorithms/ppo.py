@@ -23,8 +23,7 @@ from torch import nn
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
 from maze_cli.algorithms.impala import vtrace
-from maze_cli.algorithms.on_policy import OnPolicyLoop, bootstrap_truncated, gae, masked_mean, normalization, reward_scaler
-from maze_cli.algorithms.optim import adam
+from maze_cli.algorithms.on_policy import ActorCriticLearner, OnPolicyLoop, gae, masked_mean, normalization
 from maze_cli.config.schema import AppoConfig, PpoConfig
 from maze_cli.policies.actor_critic import ActorCritic
 from maze_cli.policies.blueprint import policy_blueprint
@@ -57,7 +56,7 @@ class Targets:
     old_values: torch.Tensor  # V(x_t) before this batch's update, [T, B]
 
 
-class PpoLearner:
+class PpoLearner(ActorCriticLearner):
     """Owns the actor-critic, its optimizer and the update; knows nothing of actors or backends.
 
     :param vtrace_targets: APPO's V-trace targets (else GAE).
@@ -66,26 +65,10 @@ class PpoLearner:
 
     def __init__(self, policy: ActorCritic, hp: PpoConfig, device: str = "cpu", normalize_reward: bool = False,
                  vtrace_targets: bool = False, max_env_steps: int | None = None):
-        self.policy = policy.to(device)
-        self.hp = hp
-        self.device = device
-        self.reward_scaler = reward_scaler(normalize_reward, hp.gamma)
+        super().__init__(policy, hp, device, normalize_reward)
         self.vtrace_targets = vtrace_targets
         self.max_env_steps = max_env_steps
-        self._optimizer: torch.optim.Optimizer | None = None
-        self.updates = 0  # gradient steps
         self.env_steps = 0  # consumed, for the schedules
-        self.timings: dict[str, float] = {}
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        """Built on first use (see maze_cli.algorithms.optim for why)."""
-        if self._optimizer is None:
-            self._optimizer = adam(self.policy.parameters(), lr=self.hp.lr, eps=self.hp.adam_eps)
-        return self._optimizer
-
-    def warm_up(self) -> None:
-        self.optimizer
 
     def progress_left(self) -> float:
         """1 at the start of the budget, 0 at its end (what the annealed lr and clip are scaled by)."""
@@ -97,8 +80,7 @@ class PpoLearner:
     def targets(self, batch: Rollout) -> Targets:
         """Advantages and value targets of the whole batch, under the policy before the update."""
         hp, T = self.hp, batch.n_steps
-        rewards = self.reward_scaler(batch) if self.reward_scaler else batch.rewards
-        rewards = bootstrap_truncated(self.policy, rewards, batch, hp.gamma)
+        rewards = self.rewards(batch)
         out = self.policy(batch.observations, batch.initial_state, batch.episode_start)
         values, bootstrap_value = out.values[:T], out.values[T]
         discounts = hp.gamma * (~batch.dones).float()
@@ -180,8 +162,7 @@ class PpoLearner:
                     sums[key] = sums.get(key, 0.0) + value
             if stopped:
                 break
-        if self.policy.obs_normalizer is not None:  # after the steps: the next version acts and learns with them
-            self.policy.obs_normalizer.update_from(batch)
+        self.observe(batch)
         self.env_steps += batch.rewards.numel()
         self.timings = {"forward": t_prep + forward_s, "backward": backward_s}
         result = {key: value / max(steps, 1) for key, value in sums.items()}
@@ -221,18 +202,11 @@ class PpoLearner:
         }
 
     def state_dict(self) -> dict:
-        state = {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "updates": self.updates,
-                 "env_steps": self.env_steps}
-        if self.reward_scaler is not None:
-            state["reward_scaler"] = self.reward_scaler.state_dict()
-        return state
+        return super().state_dict() | {"env_steps": self.env_steps}
 
     def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.updates, self.env_steps = state["updates"], state["env_steps"]
-        if self.reward_scaler is not None and "reward_scaler" in state:
-            self.reward_scaler.load_state_dict(state["reward_scaler"])
+        super().load_state_dict(state)
+        self.env_steps = state["env_steps"]
 
 
 def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> float:
