@@ -4,6 +4,7 @@ algorithm from --config-dir, and nothing unknown silently replaced."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,16 @@ def test_tuned_settings_of_an_env_and_algorithm_apply_to_that_pair_only(tmp_path
     write(config_dir, "tuning", "mine_impala", "# @package _global_\nalgorithm:\n  lr: 0.0042\n")
     mine = yaml.safe_load(composed("--config-dir", str(config_dir), "+env=mine"))
     assert mine["algorithm"]["lr"] == 0.0042
+
+
+def test_every_shipped_tuning_file_composes_and_appo_takes_ppos_tuning():
+    """A tuning file that does not compose would break `train` for its pair only: compose each one."""
+    import yaml
+
+    for path in sorted((Path(__file__).parents[1] / "conf" / "tuning").glob("*.yaml")):
+        env, algorithm = path.stem.rsplit("_", 1)
+        tuned = yaml.safe_load(composed(f"+env={env}", f"algorithm={algorithm}"))["algorithm"]
+        assert tuned["_target_"].lower().endswith(f".{algorithm}"), path.name
+        if algorithm == "appo":
+            ppo = yaml.safe_load(composed(f"+env={env}", "algorithm=ppo"))["algorithm"]
+            assert {k: tuned[k] for k in ppo if k != "_target_"} == {k: v for k, v in ppo.items() if k != "_target_"}, path.name
