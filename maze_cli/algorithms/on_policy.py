@@ -20,7 +20,7 @@ from maze_cli.training import check_finite
 
 class ActorCriticLearner:
     """What the learners of IMPALA, PPO and APPO share: the actor-critic on its device, its Adam
-    (built on first use: see maze_cli.algorithms.optim for why), the reward scaler, the observation
+    (maze_cli.algorithms.optim), the reward scaler, the observation
     statistics' update, and checkpoint state. Subclasses write `update(batch) -> stats`."""
 
     def __init__(self, policy: ActorCritic, hp: Any, device: str = "cpu", normalize_reward: bool = False):
@@ -28,19 +28,9 @@ class ActorCriticLearner:
         self.hp = hp
         self.device = device
         self.reward_scaler = reward_scaler(normalize_reward, hp.gamma)
-        self._optimizer: torch.optim.Optimizer | None = None
+        self.optimizer = adam(self.policy.parameters(), lr=hp.lr, eps=hp.adam_eps)
         self.updates = 0  # gradient steps
         self.timings: dict[str, float] = {}  # seconds of the last update's forward and backward passes
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        if self._optimizer is None:
-            self._optimizer = adam(self.policy.parameters(), lr=self.hp.lr, eps=self.hp.adam_eps)
-        return self._optimizer
-
-    def warm_up(self) -> None:
-        """Build the optimizer now (train calls this once the actors are starting)."""
-        self.optimizer
 
     def rewards(self, batch: Rollout) -> torch.Tensor:
         """The batch's rewards, scaled when `normalize_reward` is on, truncated episodes bootstrapped."""
@@ -56,6 +46,10 @@ class ActorCriticLearner:
     def update(self, batch: Rollout) -> dict[str, float]:
         raise NotImplementedError
 
+    def load_optimizer_state(self, state: dict) -> None:
+        """Adam's moments from a checkpoint's learner state (resume, and `init_from.optimizer=true`)."""
+        self.optimizer.load_state_dict(state["optimizer"])
+
     def state_dict(self) -> dict:
         state = {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "updates": self.updates}
         if self.reward_scaler is not None:
@@ -64,7 +58,7 @@ class ActorCriticLearner:
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.load_optimizer_state(state)
         self.updates = state["updates"]
         if self.reward_scaler is not None and "reward_scaler" in state:
             self.reward_scaler.load_state_dict(state["reward_scaler"])

@@ -189,7 +189,9 @@ class SacLearner:
         else:
             self.target_entropy = -float(np.prod(space.shape))
         self.policy_params = [p for p in self.policy.parameters() if id(p) not in shared]  # the actor's loss leaves the encoder be
-        self._optimizers: dict[str, torch.optim.Optimizer] = {}
+        self.policy_optimizer = adam(self.policy_params, lr=hp.lr)
+        self.critic_optimizer = adam(self.critic_params, lr=hp.lr)
+        self.alpha_optimizer = adam([self.log_alpha], lr=hp.alpha_lr)
         self.updates = 0
 
     def _share_encoder(self) -> set[int]:
@@ -198,30 +200,6 @@ class SacLearner:
 
         shared = [share_image_encoders(self.policy.network, net) for net in self.critic.nets]
         return {id(p) for params in shared for p in params}
-
-    def _optimizer(self, name: str) -> torch.optim.Optimizer:
-        """Built on first use (see maze_cli.algorithms.optim for why)."""
-        if name not in self._optimizers:
-            params = {"policy": self.policy_params, "critic": self.critic_params, "alpha": [self.log_alpha]}[name]
-            self._optimizers[name] = adam(params, lr=self.hp.alpha_lr if name == "alpha" else self.hp.lr)
-        return self._optimizers[name]
-
-    @property
-    def policy_optimizer(self) -> torch.optim.Optimizer:
-        return self._optimizer("policy")
-
-    @property
-    def critic_optimizer(self) -> torch.optim.Optimizer:
-        return self._optimizer("critic")
-
-    @property
-    def alpha_optimizer(self) -> torch.optim.Optimizer:
-        return self._optimizer("alpha")
-
-    def warm_up(self) -> None:
-        """Build the optimizers now (train calls this once the workers are starting)."""
-        for name in ("policy", "critic", "alpha"):
-            self._optimizer(name)
 
     @property
     def alpha(self) -> float:
@@ -298,13 +276,18 @@ class SacLearner:
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
+        self.load_optimizer_state(state)
+        self.updates = state["updates"]
+
+    def load_optimizer_state(self, state: dict) -> None:
+        """Everything the optimizers' state belongs to: the critics, their targets and the
+        temperature with their optimizers (resume, and `init_from.optimizer=true`)."""
         self.critic.load_state_dict(state["critic"])
         self.critic_target.load_state_dict(state["critic_target"])
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
         for key, saved in state["optimizers"].items():
             getattr(self, f"{key}_optimizer").load_state_dict(saved)
-        self.updates = state["updates"]
 
 
 class SacLoop:
