@@ -119,10 +119,14 @@ def _to_lists(value: Any) -> Any:
 # -- policies from checkpoints ----------------------------------------------------------------------
 def load_policy(path: Path | str, trusted: Iterable[str] = (), trust: bool = False, where: str | None = None):
     """Rebuild the policy a checkpoint was trained with (allow-listed blueprint) and load its weights."""
+    where = where or f"checkpoint={path}"
+    return policy_from_payload(load_checkpoint(path, trust, where), trusted, trust, where)
+
+
+def policy_from_payload(payload: dict[str, Any], trusted: Iterable[str] = (), trust: bool = False, where: str = "checkpoint"):
+    """The policy of a loaded checkpoint, built from its blueprint (allow-listed) with its weights."""
     from maze_cli.policies.blueprint import build_policy
 
-    where = where or f"checkpoint={path}"
-    payload = load_checkpoint(path, trust, where)
     try:
         blueprint, weights = payload["policy_blueprint"], payload["learner"]["policy"]
     except (KeyError, TypeError):

@@ -82,6 +82,7 @@ class Trainer:
         evaluate: Callable[[], dict[str, float]] | None = None,
         eval_interval: int = 0,
         on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
+        evaluate_first: bool = False,
     ):
         self.loop = loop
         self.budget = budget
@@ -90,6 +91,7 @@ class Trainer:
         self.evaluate = evaluate if eval_interval > 0 else None
         self.eval_interval = eval_interval
         self.on_epoch_end = on_epoch_end
+        self.evaluate_first = evaluate_first  # a warm start: epoch 0 is the policy as loaded
         self.env_steps = 0
         self.epoch = 0
         self.time_offset = 0.0  # seconds trained before a resume
@@ -135,6 +137,8 @@ class Trainer:
     def run(self) -> TrainResult:
         start = self._start = time.perf_counter()
         reason = None
+        if self.evaluate_first and self.evaluate is not None and self.epoch == 0:
+            self._evaluate_before_training()
         # Log lines go through tqdm while the bar is up, so table rows never tear the bar.
         with logging_redirect_tqdm(), tqdm(
             total=self.budget.max_env_steps, unit="step", unit_scale=True, disable=None if self.progress is None else not self.progress,
@@ -160,6 +164,18 @@ class Trainer:
         elapsed = self._end - start
         log.info(f"stopped: {reason} after {self.env_steps:,} env steps, {self.epoch} epochs, {elapsed:.1f}s")
         return TrainResult(self.epoch, self.env_steps, elapsed, reason, self.window_mean())
+
+    def _evaluate_before_training(self) -> None:
+        """Epoch 0: the evaluation of the policy as it starts, written like an epoch's (and eligible
+        for best.pt), so a warm start's curve begins at the checkpoint's level. It never stops the run."""
+        stats: dict[str, Any] = {"epoch": 0, "env_steps": 0, "time_s": 0.0}
+        self._evaluate_into(stats, None)
+        if "eval/return_mean" in stats:
+            log.info(f"before training: eval return {stats['eval/return_mean']:.1f} over the same episodes as every evaluation")
+        for writer in self.writers:
+            writer.write(stats)
+        if self.on_epoch_end is not None:
+            self.on_epoch_end(stats)
 
     def _evaluate_into(self, stats: dict[str, Any], reason: str | None) -> str | None:
         """Add this epoch's evaluation to `stats`; the stop reason, "target_return" if eval reached it.

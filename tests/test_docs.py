@@ -63,3 +63,17 @@ def test_the_readme_states_the_schema_default(section, key, written):
         assert float(stated) == pytest.approx(float(expected)), (key, written)
     else:
         assert stated == expected, (key, written)
+
+
+def test_the_readme_states_every_trackers_defaults_as_its_yaml_file():
+    """The `logger` options have no schema: their YAML files hold the defaults, the README repeats them."""
+    rows = {}
+    for line in (REPO / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and re.fullmatch(r"`logger\.\w+\.\w+`", cells[0]):
+            rows[cells[0].strip("`")] = yaml.safe_load(cells[1])
+    files = {}
+    for path in (REPO / "conf" / "logger").glob("*.yaml"):
+        for name, options in yaml.safe_load(path.read_text()).items():
+            files |= {f"logger.{name}.{key}": value for key, value in options.items() if key != "_target_"}
+    assert rows == files

@@ -17,11 +17,13 @@ from tests.test_train import read_stats
 ROLLOUT = TRAIN.with_name("rollout")
 
 
-def start_train(*overrides, run_dir):
+def start_train(*overrides, run_dir, sigint_ignored: bool = False):
+    """`train` in the background; `sigint_ignored`: as a shell script's `train ... &` starts it."""
     tag = uuid.uuid4().hex
     env = {**os.environ, "MAZE_TEST_TAG": tag, "PYTHONPATH": str(REPO)}
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     proc = subprocess.Popen([str(TRAIN), *overrides, f"hydra.run.dir={run_dir}"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
+                            stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL, preexec_fn=ignore)
     return proc, tag
 
 
@@ -87,6 +89,19 @@ def test_a_run_interrupted_by_sigint_resumes_its_step_count_and_improves(tmp_pat
     assert tb_steps[-1] == after[-1]["env_steps"] and max(tb_steps[: len(before)]) < after[0]["env_steps"]
 
 
+def test_kill_int_stops_a_run_started_with_sigint_ignored(tmp_path):
+    """A background job of a script inherits SIGINT as ignored; an explicit kill -INT still stops it gracefully."""
+    run_dir = tmp_path / "run"
+    proc, tag = start_train("+env=cartpole", "runner=subproc", "target_return=null", "max_env_steps=10000000", run_dir=run_dir,
+                            sigint_ignored=True)
+    assert wait_for_epochs(run_dir, 2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted: actors stopped, checkpoints/last.pt written" in out
+    assert wait_until(lambda: processes_with_env_tag(tag) == [], timeout=10)
+
+
 def test_resume_refuses_to_change_anything_but_the_budget(tmp_path):
     run_dir = tmp_path / "run"
     assert run_train("+env=cartpole", "runner=sequential", "max_env_steps=2048", run_dir=run_dir).returncode == 0
@@ -130,12 +145,12 @@ def test_rollout_of_a_trained_cartpole_policy_is_far_above_random(tmp_path):
     run_dir = tmp_path / "run"
     result = run_train("+env=cartpole", "runner=subproc", run_dir=run_dir)
     assert result.returncode == 0, result.stderr
-    proc = subprocess.run([str(ROLLOUT), f"checkpoint={run_dir / 'checkpoints' / 'best.pt'}", "episodes=5", "render=true"],
+    proc = subprocess.run([str(ROLLOUT), f"checkpoint={run_dir / 'checkpoints' / 'best.pt'}", "episodes=5", "video=true"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     mean = float(proc.stdout.split("return ")[1].split()[0])
     assert mean > 200  # a random policy scores about 22
-    assert (run_dir / "rollout.gif").stat().st_size > 1000
+    assert (run_dir / "videos" / "rollout.mp4").stat().st_size > 1000
 
 
 def test_rollout_errors_are_one_line(tmp_path):

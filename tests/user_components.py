@@ -37,3 +37,23 @@ class LoudImpala(Impala):
         with open(self.marker, "w") as f:
             f.write(f"lr={self.lr} network={parts.network['_target_']}")
         return super().build(parts)
+
+
+class CsvWriter:
+    """A tracker of a user's own (`+logger=csv` from --config-dir): every epoch's return to a CSV file."""
+
+    def __init__(self, run_dir, config: dict, filename: str = "returns.csv"):
+        self.file = open(run_dir / filename, "w")
+        self.file.write(f"# seed {config['seed']}\nepoch,return\n")
+
+    def write(self, stats: dict) -> None:
+        self.file.write(f"{stats['epoch']},{stats.get('train/return_mean', '')}\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class NeedsMissingPackageWriter(CsvWriter):
+    """A tracker that names a package which is not installed."""
+
+    requires = ("no_such_tracker_package", "nosuch")

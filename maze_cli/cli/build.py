@@ -134,3 +134,12 @@ def _replay_buffer_factory(settings: Settings):
     if options.get("seed", 0) is None:
         options["seed"] = derive_seed(settings.train.seed, "replay_buffer")
     return functools.partial(_construct, "replay_buffer", cls, **options)
+
+
+def build_trackers(loggers: dict[str, Any] | None, run_dir: Path, config: dict[str, Any]) -> list[Any]:
+    """One writer per chosen `logger.<name>` (`+logger=mlflow`): `cls(run_dir=..., config=..., **its keys)`."""
+    trackers = []
+    for name, options in (loggers or {}).items():
+        cls, arguments = _target_and_arguments(f"logger.{name}", options)
+        trackers.append(_construct(f"logger.{name}", cls, run_dir=run_dir, config=config, **arguments))
+    return trackers

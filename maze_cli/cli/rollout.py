@@ -23,29 +23,21 @@ class RolloutConfig:
     episodes: int = _f(10, ge=1)
     seed: int = _f(0, ge=0)  # derives the episodes' env seeds
     deterministic: bool = True  # the policy's most likely action (false: sample)
-    render: bool = False  # write a GIF of the first episode
-    render_path: Optional[str] = None  # default: rollout.gif beside the run's checkpoints dir
+    video: bool = False  # record the first episode: MP4 (or GIF without the video extra)
+    video_path: Optional[str] = None  # default: videos/rollout.mp4 in the checkpoint's run dir
     allow: List[str] = field(default_factory=list)  # classes (import paths) the checkpoint may build besides maze_cli's own
     trust_checkpoint: bool = False  # the checkpoint may name any class and hold pickled objects: runs code from it
 
 
 def _parse(argv: list[str]) -> RolloutConfig:
     if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\nkeys: checkpoint (required), episodes=10, seed=0, deterministic=true, render=false, render_path, "
+        print(__doc__.strip() + "\n\nkeys: checkpoint (required), episodes=10, seed=0, deterministic=true, video=false, video_path, "
               "allow=[] (classes the checkpoint may build besides maze_cli's), trust_checkpoint=false (true runs code from the file)")
         sys.exit(0)
     bad = [a for a in argv if "=" not in a]
     if bad:
         raise ConfigError(f"{bad[0]}: arguments are key=value, e.g. rollout checkpoint=outputs/<run>/checkpoints/best.pt episodes=10")
     return validate_section(RolloutConfig, OmegaConf.from_dotlist(argv), "", "rollout")
-
-
-def _save_gif(frames: list, path: Path) -> None:
-    from PIL import Image
-
-    images = [Image.fromarray(frame) for frame in frames]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    images[0].save(path, save_all=True, append_images=images[1:], duration=33, loop=0)
 
 
 def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
@@ -77,23 +69,15 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     std = math.sqrt(sum((r - mean) ** 2 for r in returns) / len(returns))
     print(f"{cfg.episodes} episodes: return {mean:.2f} +- {std:.2f} (min {min(returns):.2f}, max {max(returns):.2f}), "
           f"episode length {sum(lengths) / len(lengths):.1f}")
-    if cfg.render:
-        import os
+    if cfg.video:
+        from maze_cli.video import record_episode, render_env_config, write_video
 
-        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # render off-screen, no display needed
-        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
-        render_config = dict(env_config)
-        if render_config.get("id"):
-            render_config["kwargs"] = {**(render_config.get("kwargs") or {}), "render_mode": "rgb_array"}
-        else:
-            render_config["render_mode"] = "rgb_array"
-        frames: list = []
         try:
-            run_episodes(EnvFactory.for_policy(render_config, policy_config), policy, seeds[:1], cfg.deterministic, on_frame=lambda i, env: frames.append(env.render()))
+            frames = record_episode(EnvFactory.for_policy(render_env_config(env_config), policy_config), policy, seeds[0], cfg.deterministic)
         except Exception as err:  # most often a missing renderer (pygame): say so in one line
-            raise ConfigError(f"render=true: the env cannot render ({type(err).__name__}: {str(err).strip().splitlines()[0]})") from None
-        out = Path(cfg.render_path) if cfg.render_path else path.parent.parent / "rollout.gif"
-        _save_gif([f for f in frames if f is not None], out)
+            raise ConfigError(f"video=true: the env cannot render rgb_array frames ({type(err).__name__}: "
+                              f"{str(err).strip().splitlines()[0] if str(err).strip() else ''})") from None
+        out = write_video(frames, Path(cfg.video_path) if cfg.video_path else path.parent.parent / "videos" / "rollout.mp4")
         print(f"wrote {out} ({len(frames)} frames)")
     return {"return_mean": mean, "return_std": std}
 

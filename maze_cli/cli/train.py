@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -68,6 +70,7 @@ def _resumed_config(cfg: DictConfig) -> DictConfig:
 
 def run_train(cfg: DictConfig) -> dict:
     """The task: everything after composition. Returns a summary of the run."""
+    started = time.perf_counter()
     if cfg.get("resume"):
         cfg = _resumed_config(cfg)
     settings = validate(cfg, _env_options())
@@ -77,12 +80,10 @@ def run_train(cfg: DictConfig) -> dict:
 
         warm_up_start_method(settings.runner.start_method)
 
-    import signal
-
     import torch
 
     from maze_cli.checkpoint import Checkpointer
-    from maze_cli.cli.build import build_run, check_device, check_env, trusted_targets
+    from maze_cli.cli.build import build_run, build_trackers, check_device, check_env, trusted_targets
     from maze_cli.envs.spaces import describe_space
     from maze_cli.evaluation import Evaluator
     from maze_cli.seeding import derive_seed, derive_seeds, seed_everything
@@ -96,15 +97,32 @@ def run_train(cfg: DictConfig) -> dict:
     t = settings.train
     torch.set_num_threads(t.torch_threads)
     env_factory, observation_space, action_space = check_env(settings)
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     config = OmegaConf.to_container(cfg, resolve=True)
 
     seed_everything(derive_seed(t.seed, "learner"))
     run = build_run(settings, env_factory, observation_space, action_space, trusted_targets(config), t.trust_checkpoint)
+    warm_started = bool(t.init_from.path) and not t.resume  # a resumed run has its own weights
+    if warm_started:
+        from maze_cli.warm_start import warm_start
+
+        start = warm_start(run.learner, t.init_from.path, t.init_from.optimizer, t.init_from.normalizer,
+                           trusted_targets(config), t.trust_checkpoint)
+        best = (start.get("trainer") or {}).get("best_eval")
+        log.info(f"init_from={t.init_from.path}: the policy starts from the checkpoint's weights"
+                 f"{'' if best is None else f' (its best eval return: {best:.1f})'}")
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     evaluator = Evaluator(env_factory, t.eval.episodes, derive_seeds(t.seed, "eval_env", t.eval.episodes), t.device)
     budget = Budget(t.max_env_steps, t.max_time_s, t.target_return, t.target_window, t.epoch_length)
-    writers = [ConsoleTable(), JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")]
-    trainer = Trainer(run.loop, budget, writers, evaluate=lambda: evaluator(run.learner.policy), eval_interval=t.eval.interval)
+    files = [ConsoleTable(), JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")]
+    videos = _eval_videos(settings, run_dir, files[-1])
+
+    def evaluate() -> dict:
+        stats = evaluator(run.learner.policy)
+        if videos is not None:
+            videos(run.learner.policy, trainer.epoch, trainer.env_steps)
+        return stats
+
+    trainer = Trainer(run.loop, budget, files, evaluate=evaluate, eval_interval=t.eval.interval, evaluate_first=warm_started)
     checkpointer = Checkpointer(run_dir / "checkpoints", run, trainer, config, t.checkpoint.interval, t.checkpoint.replay_buffer)
     trainer.on_epoch_end = checkpointer.on_epoch_end
     if t.resume:
@@ -117,10 +135,10 @@ def run_train(cfg: DictConfig) -> dict:
         f"{_short(settings.algorithm._target_)} with {_short(settings.runner._target_)}, "
         f"{actors.n_actors} actors x {actors.envs_per_actor} envs"
     )
+    trackers = build_trackers(settings.logger, run_dir, config)  # last: a failure before it leaves no tracker run open
+    trainer.writers += trackers
     try:
         with run.runner:
-            if hasattr(run.learner, "warm_up"):
-                run.learner.warm_up()  # overlaps with the actors' start-up
             if t.resume:
                 run.runner.broadcast_updated_policy(run.learner.policy.state_dict())
             result = trainer.run()
@@ -136,11 +154,36 @@ def run_train(cfg: DictConfig) -> dict:
         log.info("interrupted: actors stopped, checkpoints/last.pt written")
         raise
     finally:
-        for writer in writers:
+        for writer in files:
             writer.close()
         write_learning_curve(run_dir)
+        for tracker in trackers:  # after the curve: a tracker may upload it
+            tracker.close()
     checkpointer.save_last(result.stop_reason)
+    log.info(_summary_line(result, trainer.best_eval, run_dir / "checkpoints", time.perf_counter() - started))
     return {"stop_reason": result.stop_reason, "env_steps": result.env_steps, "time_s": result.time_s}
+
+
+def _eval_videos(settings, run_dir: Path, tensorboard):
+    """`eval.video=true`: the recorder of evaluation episodes (None when off)."""
+    t = settings.train
+    if not t.eval.video or t.eval.interval == 0:
+        return None
+    from maze_cli.envs.factory import EnvFactory
+    from maze_cli.seeding import derive_seeds
+    from maze_cli.video import EvalVideos, render_env_config
+
+    render_factory = EnvFactory.for_policy(render_env_config(settings.env), OmegaConf.to_container(settings.policy))
+    return EvalVideos(render_factory, derive_seeds(t.seed, "eval_env", t.eval.episodes)[0], run_dir / "videos", t.eval.video_interval,
+                      t.device, on_video=lambda frames, step: tensorboard.add_video("eval/video", frames, step))
+
+
+def _summary_line(result, best_eval: float | None, checkpoints: Path, wall_s: float) -> str:
+    """The last line of a run: why it stopped, how far it got, and where the policy to use is."""
+    best = (f"best eval return {best_eval:.1f}: {checkpoints / 'best.pt'}" if best_eval is not None and (checkpoints / "best.pt").exists()
+            else f"no evaluation (eval.interval=0): {checkpoints / 'last.pt'}")
+    return (f"done: {result.stop_reason}, {result.env_steps:,} env steps, {result.time_s:.1f} s of training "
+            f"({wall_s:.1f} s wall time of this command); {best}")
 
 
 def _short(target: str) -> str:
@@ -196,7 +239,11 @@ def _hydra_train(cfg: DictConfig) -> dict:
 def main() -> None:
     """Console script `train`."""
     os.environ["HYDRA_FULL_ERROR"] = "1"  # composition errors reach us; we print them for humans
+    # A job a script starts in the background inherits SIGINT as ignored: `kill -INT` must still stop it gracefully.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     resume = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("resume=")), None)
+    # `init_from=<path>` is short for init_from.path=<path>, so that init_from.optimizer=... may come beside it.
+    sys.argv[1:] = [f"init_from.path={a.split('=', 1)[1]}" if a.startswith("init_from=") else a for a in sys.argv[1:]]
     if resume and not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
         # A resumed run continues in its own dir; Hydra's record of the first command stays as it was.
         sys.argv += [f"hydra.run.dir={resume}", "hydra.output_subdir=null"]

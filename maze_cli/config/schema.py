@@ -41,12 +41,23 @@ def _f(default: Any = dataclasses.MISSING, **limits: Any) -> Any:
 class EvalConfig:
     interval: int = _f(1, ge=0)  # epochs between evaluations; 0: off
     episodes: int = _f(10, ge=1)
+    video: bool = False  # record the first evaluation episode to videos/epoch_<n>.mp4 and TensorBoard
+    video_interval: int = _f(1, ge=1)  # record every n-th evaluation
 
 
 @dataclass
 class CheckpointConfig:
     interval: int = _f(10, ge=1)  # epochs between writes of last.pt (it is also written at the end)
     replay_buffer: bool = False
+
+
+@dataclass
+class InitFromConfig:
+    """Warm start: a new run from a checkpoint's policy (`init_from=<path>` is short for `init_from.path=<path>`)."""
+
+    path: Optional[str] = None
+    optimizer: bool = False  # also the learner's optimizer state (SAC: with its critics and temperature)
+    normalizer: bool = False  # also the observation statistics and reward scale (algorithm.normalize_obs/_reward)
 
 
 @dataclass
@@ -64,6 +75,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resume: Optional[str] = None
+    init_from: InitFromConfig = field(default_factory=InitFromConfig)
     trust_checkpoint: bool = False  # load checkpoints as pickled objects: runs code from the file
 
 
@@ -77,6 +89,7 @@ class TrainRootConfig(TrainConfig):
     policy: Any = None
     runner: Any = None
     replay_buffer: Any = None
+    logger: Any = None  # not in the defaults list: `+logger=mlflow`, `+logger=[mlflow,wandb]`
 
 
 # -- algorithm ------------------------------------------------------------------------------------
@@ -264,7 +277,7 @@ def known_keys(section: str | None) -> list[str]:
     schemas = [TrainConfig] if section is None else list(SCHEMAS.get(section, {}).values())
     keys = {f.name for s in schemas for f in dataclasses.fields(s)}
     if section is None:
-        keys |= set(SCHEMAS) | {"env"}
+        keys |= set(SCHEMAS) | {"env", "logger"}
     return sorted(keys)
 
 
@@ -424,13 +437,14 @@ class Settings:
     policy: DictConfig
     runner: DictConfig
     replay_buffer: DictConfig
+    logger: dict[str, Any] = field(default_factory=dict)  # tracker name -> its config (`+logger=mlflow`)
 
 
 def validate(cfg: DictConfig, env_options: list[str]) -> Settings:
     """Check every key of the composed config; raise ConfigError naming the first bad one."""
     if cfg.get("env") is None:
         raise NoEnvError(env_options)
-    top = {k: cfg[k] for k in cfg if k not in SCHEMAS and k != "env"}
+    top = {k: cfg[k] for k in cfg if k not in SCHEMAS and k not in ("env", "logger")}
     train = validate_section(TrainConfig, top, "", "train")
     try:
         env = OmegaConf.to_container(cfg.env, resolve=True, throw_on_missing=True)
@@ -440,7 +454,27 @@ def validate(cfg: DictConfig, env_options: list[str]) -> Settings:
         raise ConfigError(f"env: expected a mapping of env settings, got {env!r}")
     groups = {section: validate_group(section, cfg[section]) for section in SCHEMAS}
     _check_runner(groups["runner"])
-    return Settings(train=train, env=env, **groups)
+    return Settings(train=train, env=env, logger=validate_loggers(cfg.get("logger")), **groups)
+
+
+def validate_loggers(loggers: Any) -> dict[str, Any]:
+    """`logger.<name>` for each chosen tracker: a mapping whose `_target_` accepts its other keys
+    (besides run_dir and config, which maze_cli passes)."""
+    if loggers is None:
+        return {}
+    if not isinstance(loggers, (DictConfig, dict)):
+        raise ConfigError(f"logger: expected trackers chosen with +logger=<name> (or +logger=[a,b]), got {loggers!r}")
+    resolved = OmegaConf.to_container(loggers, resolve=True) if isinstance(loggers, DictConfig) else dict(loggers)
+    for name, options in resolved.items():
+        if not isinstance(options, dict) or "_target_" not in options:
+            raise ConfigError(f"logger.{name}: expected a mapping with _target_ (a writer class with write(stats) and close())")
+        check_arguments(f"logger.{name}", options, passed=("run_dir", "config"))
+        from hydra.utils import get_object
+
+        from maze_cli.stats.trackers import check_installed
+
+        check_installed(name, get_object(options["_target_"]))
+    return resolved
 
 
 def _check_runner(runner: DictConfig) -> None:

@@ -47,6 +47,17 @@ class TensorBoardWriter:
                 self.writer.add_scalar(key, value, global_step=step)
         self.writer.flush()
 
+    def add_video(self, tag: str, frames: list, step: int) -> None:
+        """An animated GIF in TensorBoard's images tab (what SummaryWriter.add_video writes, without moviepy)."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        from maze_cli.video import gif_bytes
+
+        height, width, channels = frames[0].shape
+        image = Summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=gif_bytes(frames))
+        self.writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), global_step=step)
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 

@@ -1,0 +1,108 @@
+"""Videos of a policy: one episode rendered to rgb_array frames, written as MP4 (imageio with its
+ffmpeg plugin, the `video` extra) or, where that is missing, as a GIF (said once in the log).
+
+Used by `train eval.video=true` (the first evaluation episode of every `eval.video_interval`-th
+evaluation, to videos/epoch_<n>.mp4 and TensorBoard) and by `rollout video=true`.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+from torch import nn
+
+log = logging.getLogger("maze_cli")
+FPS = 30
+_said_gif = False
+
+
+def render_env_config(env_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The env config with `render_mode="rgb_array"` (a registered id's kwargs, or a `_target_`'s argument)."""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen, no display needed
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    config = dict(env_config)
+    if config.get("id"):
+        config["kwargs"] = {**(config.get("kwargs") or {}), "render_mode": "rgb_array"}
+    else:
+        config["render_mode"] = "rgb_array"
+    return config
+
+
+def record_episode(env_factory: Callable, policy: nn.Module, seed: int, deterministic: bool = True, device: str = "cpu") -> list[np.ndarray]:
+    """The frames of one episode (one per step), rendered after each step."""
+    from maze_cli.evaluation import run_episodes
+
+    frames: list[np.ndarray] = []
+    was_training = policy.training
+    policy.eval()
+    try:
+        run_episodes(env_factory, policy, [seed], deterministic, device, on_frame=lambda i, env: frames.append(env.render()))
+    finally:
+        policy.train(was_training)
+    if not frames or frames[0] is None:
+        raise ValueError("render() returned no rgb_array frame")
+    return [np.asarray(f, dtype=np.uint8) for f in frames]
+
+
+def write_video(frames: list[np.ndarray], path: Path) -> Path:
+    """`path` as MP4 if imageio's ffmpeg plugin is installed, else beside it as a GIF; returns the file written."""
+    global _said_gif
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import imageio.v2 as imageio
+        import imageio_ffmpeg  # noqa: F401 - the MP4 writer's backend
+
+        mp4 = path.with_suffix(".mp4")
+        imageio.mimwrite(mp4, frames, fps=FPS, macro_block_size=1)
+        return mp4
+    except ImportError:
+        if not _said_gif:
+            log.info("videos are GIFs: MP4 needs imageio and imageio-ffmpeg (pip install 'maze_cli[video]')")
+            _said_gif = True
+    gif = path.with_suffix(".gif")
+    gif.write_bytes(gif_bytes(frames))
+    return gif
+
+
+def gif_bytes(frames: list[np.ndarray]) -> bytes:
+    """An animated GIF of the frames (PIL, which matplotlib brings): what TensorBoard shows as a video."""
+    from PIL import Image
+
+    images = [Image.fromarray(frame) for frame in frames]
+    out = io.BytesIO()
+    images[0].save(out, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / FPS), loop=0)
+    return out.getvalue()
+
+
+class EvalVideos:
+    """`eval.video=true`: the first evaluation episode (same seed, deterministic) of every
+    `interval`-th evaluation to videos/epoch_<n>.mp4 and to `on_video(frames, env_steps)` (TensorBoard).
+    An env that cannot render costs one line in the log; the run goes on without videos."""
+
+    def __init__(self, env_factory: Callable, seed: int, directory: Path, interval: int, device: str = "cpu",
+                 on_video: Callable[[list[np.ndarray], int], None] | None = None):
+        self.env_factory, self.seed, self.directory, self.interval, self.device = env_factory, seed, directory, interval, device
+        self.on_video = on_video
+        self.evaluations = 0
+        self.enabled = True
+
+    def __call__(self, policy: nn.Module, epoch: int, env_steps: int) -> Path | None:
+        self.evaluations += 1
+        if not self.enabled or (self.evaluations - 1) % self.interval:
+            return None
+        try:
+            frames = record_episode(self.env_factory, policy, self.seed, device=self.device)
+        except Exception as err:  # noqa: BLE001 - no renderer, no rgb_array mode: any of them
+            log.warning(f"eval.video=true: the env cannot render rgb_array frames ({type(err).__name__}: "
+                        f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); no videos, training goes on")
+            self.enabled = False
+            return None
+        path = write_video(frames, self.directory / f"epoch_{epoch}.mp4")
+        if self.on_video is not None:
+            self.on_video(frames, env_steps)
+        return path
