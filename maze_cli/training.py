@@ -136,6 +136,7 @@ class Trainer:
 
     def run(self) -> TrainResult:
         start = self._start = time.perf_counter()
+        first_epoch, first_steps = self.epoch, self.env_steps
         reason = None
         if self.evaluate_first and self.evaluate is not None and self.epoch == 0:
             self._evaluate_before_training()
@@ -145,25 +146,52 @@ class Trainer:
             dynamic_ncols=True, leave=False,
         ) as bar:
             while reason is None:
-                epoch_start, steps_before = time.perf_counter(), self.env_steps
-                for _ in range(self.budget.epoch_length):
-                    self._one_update()
-                    bar.update(self.env_steps - bar.n)
-                    reason = self._stop_reason(time.perf_counter() - start)
-                    if reason:
-                        break
-                self.epoch += 1
-                stats = self._epoch_stats(self.time_offset + time.perf_counter() - start, time.perf_counter() - epoch_start, steps_before)
-                if self.evaluate is not None and (self.epoch % self.eval_interval == 0 or reason is not None):
-                    reason = self._evaluate_into(stats, reason)
-                for writer in self.writers:
-                    writer.write(stats)
-                if self.on_epoch_end is not None:
-                    self.on_epoch_end(stats)
+                reason = self._epoch(start, bar)
         self._end = time.perf_counter()
         elapsed = self._end - start
-        log.info(f"stopped: {reason} after {self.env_steps:,} env steps, {self.epoch} epochs, {elapsed:.1f}s")
+        for writer in self.writers:  # a console row held back is shown before the closing line
+            getattr(writer, "flush", lambda: None)()
+        line = f"stopped: {reason} after {self.env_steps:,} env steps, {self.epoch} epochs"
+        if first_epoch > 0:  # a resumed run: totals, and this session's share
+            line += (f" and {self.time_offset + elapsed:.1f}s in all; this session: {self.epoch - first_epoch} epochs, "
+                     f"{self.env_steps - first_steps:,} env steps, {elapsed:.1f}s")
+        else:
+            line += f", {elapsed:.1f}s"
+        log.info(line)
         return TrainResult(self.epoch, self.env_steps, elapsed, reason, self.window_mean())
+
+    def _epoch(self, start: float, bar) -> str | None:
+        """One epoch: its updates, then its row (stats, evaluation) to every writer; the stop reason.
+
+        Interrupted (Ctrl-C, SIGTERM) after an update, the epoch still gets its row, without the
+        evaluation, before the interrupt goes on: every epoch the learner trained appears once in
+        stats.jsonl and TensorBoard, and the checkpoint written on the way out counts it."""
+        epoch_start, steps_before = time.perf_counter(), self.env_steps
+        reason, stats = None, None
+        try:
+            for _ in range(self.budget.epoch_length):
+                self._one_update()
+                bar.update(self.env_steps - bar.n)
+                reason = self._stop_reason(time.perf_counter() - start)
+                if reason:
+                    break
+            self.epoch += 1
+            stats = self._epoch_stats(self.time_offset + time.perf_counter() - start, time.perf_counter() - epoch_start, steps_before)
+            if self.evaluate is not None and (self.epoch % self.eval_interval == 0 or reason is not None):
+                reason = self._evaluate_into(stats, reason)
+        except KeyboardInterrupt:
+            if stats is None and self.env_steps > steps_before:
+                self.epoch += 1
+                stats = self._epoch_stats(self.time_offset + time.perf_counter() - start, time.perf_counter() - epoch_start, steps_before)
+            if stats is not None:
+                for writer in self.writers:
+                    writer.write(stats)
+            raise
+        for writer in self.writers:
+            writer.write(stats)
+        if self.on_epoch_end is not None:
+            self.on_epoch_end(stats)
+        return reason
 
     def _evaluate_before_training(self) -> None:
         """Epoch 0: the evaluation of the policy as it starts, written like an epoch's (and eligible

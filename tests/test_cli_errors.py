@@ -1,8 +1,10 @@
 """Bad input to `train`: one line naming the key and what is allowed, exit code 2, no traceback."""
 
+import subprocess
+
 import pytest
 
-from tests.cli import run_train
+from tests.cli import REPO, TRAIN, run_train
 from tests.helpers import processes_with_env_tag
 
 
@@ -65,3 +67,19 @@ def test_the_gym_config_requires_an_id(tmp_path):
 def test_a_bad_env_kwarg_is_reported_before_actors_start(tmp_path):
     result = run_train("+env=gym", "env.id=CartPole-v1", "+env.kwargs.no_such_arg=1", run_dir=tmp_path / "run")
     assert_one_line_error(result, "no_such_arg")
+
+
+def test_train_help_is_written_for_people_and_names_every_option():
+    """`train --help`: what train does, +env, resume, rollout, the groups with every packaged option."""
+    result = subprocess.run([str(TRAIN), "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    page = result.stdout
+    for needle in ("+env=", "resume=", "init_from=", "rollout", "Examples:", "README"):
+        assert needle in page, needle
+    for group in ("env", "algorithm", "policy", "runner", "replay_buffer", "logger"):
+        line = next(line for line in page.splitlines() if line.strip().startswith((f"{group}=", f"+{group}=")))
+        for option in (REPO / "conf" / group).glob("*.yaml"):
+            assert option.stem in line, (group, option.stem)
+    assert "_schema" not in page and "$" not in page
+    rollout = subprocess.run([str(TRAIN.with_name("rollout")), "--help"], capture_output=True, text=True, timeout=60)
+    assert rollout.returncode == 0 and "checkpoint=" in rollout.stdout and "video=" in rollout.stdout

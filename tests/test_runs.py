@@ -17,12 +17,14 @@ from tests.test_train import read_stats
 ROLLOUT = TRAIN.with_name("rollout")
 
 
-def start_train(*overrides, run_dir, sigint_ignored: bool = False):
-    """`train` in the background; `sigint_ignored`: as a shell script's `train ... &` starts it."""
+def start_train(*overrides, run_dir=None, sigint_ignored: bool = False):
+    """`train` in the background (in `run_dir`, unless it resumes one); `sigint_ignored`: as a shell
+    script's `train ... &` starts it."""
     tag = uuid.uuid4().hex
     env = {**os.environ, "MAZE_TEST_TAG": tag, "PYTHONPATH": str(REPO)}
     ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
-    proc = subprocess.Popen([str(TRAIN), *overrides, f"hydra.run.dir={run_dir}"], stdout=subprocess.PIPE,
+    where = [] if run_dir is None else [f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen([str(TRAIN), *overrides, *where], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL, preexec_fn=ignore)
     return proc, tag
 
@@ -100,6 +102,53 @@ def test_kill_int_stops_a_run_started_with_sigint_ignored(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted: actors stopped, checkpoints/last.pt written" in out
     assert wait_until(lambda: processes_with_env_tag(tag) == [], timeout=10)
+
+
+def last_epoch(run_dir) -> int:
+    return read_stats(run_dir)[-1]["epoch"] if (run_dir / "stats.jsonl").is_file() and read_stats(run_dir) else 0
+
+
+@pytest.mark.slow
+def test_every_trained_epoch_appears_once_across_three_interrupts_and_resumes(tmp_path):
+    """SIGINT and SIGTERM keep the interrupted epoch's row; SIGKILL between checkpoints rolls the rows
+    back to the last checkpoint on resume. Either way epochs and env steps go up one row at a time."""
+    import random
+
+    rng = random.Random()
+    run_dir = tmp_path / "run"
+    first = ["+env=cartpole", "runner=subproc", "checkpoint.interval=3", "target_return=null", "max_env_steps=100000000",
+             "epoch_length=2", "eval.interval=2", "eval.episodes=2"]
+    for i, sig in enumerate((signal.SIGINT, signal.SIGKILL, signal.SIGTERM)):
+        proc, tag = start_train(*first, run_dir=run_dir) if i == 0 else start_train(f"resume={run_dir}")
+        target = last_epoch(run_dir) + 4
+        assert wait_until(lambda: last_epoch(run_dir) >= target, timeout=90)
+        time.sleep(rng.uniform(0.0, 1.0))  # a random moment: inside an update, an evaluation or a write
+        proc.send_signal(sig)
+        proc.communicate(timeout=30)
+        assert wait_until(lambda: processes_with_env_tag(tag) == [], timeout=15)
+    steps = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["trainer"]["env_steps"]
+    result = run_train(f"resume={run_dir}", f"max_env_steps={steps + 30000}")
+    assert result.returncode == 0, result.stderr
+    rows = read_stats(run_dir)
+    assert [r["epoch"] for r in rows] == list(range(1, len(rows) + 1))
+    assert all(a["env_steps"] < b["env_steps"] for a, b in zip(rows, rows[1:]))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("epoch")] == [(r["env_steps"], r["epoch"]) for r in rows]
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_train("+env=cartpole", "runner=sequential", "max_env_steps=2048", "eval.interval=0", run_dir=run_dir).returncode == 0
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    result = run_train(f"resume={run_dir}")
+    assert result.returncode == 0, result.stderr
+    assert "the run is finished (stopped by max_env_steps" in result.stdout and "max_env_steps=" in result.stdout
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    extended = run_train(f"resume={run_dir}", "max_env_steps=6000")  # the key it named extends it
+    assert extended.returncode == 0 and read_stats(run_dir)[-1]["env_steps"] >= 6000
 
 
 def test_resume_refuses_to_change_anything_but_the_budget(tmp_path):

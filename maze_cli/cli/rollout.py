@@ -29,10 +29,33 @@ class RolloutConfig:
     trust_checkpoint: bool = False  # the checkpoint may name any class and hold pickled objects: runs code from it
 
 
+HELP = """rollout: play a policy saved by `train` (any algorithm) in its env and report its return.
+
+Usage:
+  rollout checkpoint=<run dir>/checkpoints/best.pt [key=value ...]
+
+Keys:
+  checkpoint=<path>        (required) a checkpoints/last.pt or best.pt of a run
+  episodes=10              episodes to play, all at once
+  seed=0                   derives the episodes' env seeds
+  deterministic=true       the policy's most likely action; false: sample from it
+  video=false              record the first episode (MP4 with pip install 'maze_cli[video]', else GIF)
+  video_path=...           where; default videos/rollout.mp4 in the checkpoint's run dir
+  allow=[my_pkg.MyNet]     classes of your own the checkpoint may build (policy network, env)
+  trust_checkpoint=false   true: the file may hold pickled objects and name any class (runs code from it)
+
+Examples:
+  rollout checkpoint=outputs/2026-11-24/10-00-00/checkpoints/best.pt
+  rollout checkpoint=outputs/2026-11-24/10-00-00/checkpoints/best.pt episodes=100 deterministic=false
+  rollout checkpoint=outputs/2026-11-24/10-00-00/checkpoints/best.pt episodes=1 video=true
+
+Prints: N episodes: return <mean> +- <std> (min, max), episode length <mean>. Bad keys end in one
+line and exit code 2. More in the README's rollout section."""
+
+
 def _parse(argv: list[str]) -> RolloutConfig:
     if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\nkeys: checkpoint (required), episodes=10, seed=0, deterministic=true, video=false, video_path, "
-              "allow=[] (classes the checkpoint may build besides maze_cli's), trust_checkpoint=false (true runs code from the file)")
+        print(HELP)
         sys.exit(0)
     bad = [a for a in argv if "=" not in a]
     if bad:

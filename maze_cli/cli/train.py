@@ -7,6 +7,7 @@ Errors in the user's input end in one line on stderr and exit code 2, never a tr
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -74,6 +75,11 @@ def run_train(cfg: DictConfig) -> dict:
     if cfg.get("resume"):
         cfg = _resumed_config(cfg)
     settings = validate(cfg, _env_options())
+    if settings.train.resume:
+        finished = _finished(Path(settings.train.resume), settings.train)
+        if finished is not None:
+            print(finished)  # not logged: train.log stays as it was
+            return {"stop_reason": "finished", "env_steps": None, "time_s": 0.0}
     if "start_method" in settings.runner:
         # Before torch is imported here: the forkserver loads it on the other core meanwhile.
         from maze_cli.start_methods import warm_up_start_method
@@ -113,8 +119,9 @@ def run_train(cfg: DictConfig) -> dict:
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     evaluator = Evaluator(env_factory, t.eval.episodes, derive_seeds(t.seed, "eval_env", t.eval.episodes), t.device)
     budget = Budget(t.max_env_steps, t.max_time_s, t.target_return, t.target_window, t.epoch_length)
-    files = [ConsoleTable(), JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")]
-    videos = _eval_videos(settings, run_dir, files[-1])
+    jsonl, tensorboard = JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")
+    files = [ConsoleTable(), jsonl, tensorboard]
+    videos = _eval_videos(settings, run_dir, tensorboard)
 
     def evaluate() -> dict:
         stats = evaluator(run.learner.policy)
@@ -127,7 +134,10 @@ def run_train(cfg: DictConfig) -> dict:
     trainer.on_epoch_end = checkpointer.on_epoch_end
     if t.resume:
         checkpointer.restore(t.trust_checkpoint)
-        log.info(f"resumed {run_dir} at epoch {trainer.epoch}, {trainer.env_steps:,} env steps")
+        dropped = jsonl.rewind(trainer.epoch, trainer.env_steps)
+        tensorboard.rewind(trainer.epoch, trainer.env_steps)
+        log.info(f"resumed {run_dir} at epoch {trainer.epoch}, {trainer.env_steps:,} env steps"
+                 + (f" (its last checkpoint; the {dropped} epoch rows written after it are trained again)" if dropped else ""))
     log.info(f"run dir: {run_dir}")
     actors = getattr(run.runner, "actors", run.runner)  # workers with a buffer wrap their actors
     log.info(
@@ -160,7 +170,8 @@ def run_train(cfg: DictConfig) -> dict:
         for tracker in trackers:  # after the curve: a tracker may upload it
             tracker.close()
     checkpointer.save_last(result.stop_reason)
-    log.info(_summary_line(result, trainer.best_eval, run_dir / "checkpoints", time.perf_counter() - started))
+    log.info(_summary_line(result, trainer.time_offset + result.time_s, trainer.best_eval, run_dir / "checkpoints",
+                           time.perf_counter() - started))
     return {"stop_reason": result.stop_reason, "env_steps": result.env_steps, "time_s": result.time_s}
 
 
@@ -178,12 +189,36 @@ def _eval_videos(settings, run_dir: Path, tensorboard):
                       t.device, on_video=lambda frames, step: tensorboard.add_video("eval/video", frames, step))
 
 
-def _summary_line(result, best_eval: float | None, checkpoints: Path, wall_s: float) -> str:
-    """The last line of a run: why it stopped, how far it got, and where the policy to use is."""
+def _summary_line(result, trained_s: float, best_eval: float | None, checkpoints: Path, wall_s: float) -> str:
+    """The last line of a run: why it stopped, how far it got (in all, over any resumes), and where
+    the policy to use is."""
     best = (f"best eval return {best_eval:.1f}: {checkpoints / 'best.pt'}" if best_eval is not None and (checkpoints / "best.pt").exists()
             else f"no evaluation (eval.interval=0): {checkpoints / 'last.pt'}")
-    return (f"done: {result.stop_reason}, {result.env_steps:,} env steps, {result.time_s:.1f} s of training "
+    return (f"done: {result.stop_reason}, {result.env_steps:,} env steps, {trained_s:.1f} s of training "
             f"({wall_s:.1f} s wall time of this command); {best}")
+
+
+def _finished(run_dir: Path, t) -> str | None:
+    """For `resume=` of a run that already reached its stop condition (under this command's budget):
+    the message saying so and which key would extend it; None if the run has more to do."""
+    from maze_cli.checkpoint import load_checkpoint
+
+    saved = load_checkpoint(run_dir / "checkpoints" / "last.pt", t.trust_checkpoint, where=f"resume={run_dir}")
+    reason, trainer = saved.get("stop_reason"), saved.get("trainer") or {}
+    steps, time_s = trainer.get("env_steps", 0), trainer.get("time_s", 0.0)
+    window = trainer.get("window") or []
+    reached_target = t.target_return is not None and (
+        (trainer.get("best_eval") or -math.inf) >= t.target_return if t.eval.interval > 0
+        else len(window) >= t.target_window and sum(window[-t.target_window:]) / t.target_window >= t.target_return)
+    extend = {
+        "max_env_steps": f"max_env_steps (e.g. max_env_steps={2 * steps})" if steps >= t.max_env_steps else None,
+        "max_time_s": f"max_time_s (e.g. max_time_s={2 * time_s:.0f})" if t.max_time_s is not None and time_s >= t.max_time_s else None,
+        "target_return": "target_return (or target_return=null to run for the budget)" if reached_target else None,
+    }.get(reason)
+    if extend is None:
+        return None
+    return (f"resume={run_dir}: the run is finished (stopped by {reason} after {steps:,} env steps, epoch "
+            f"{trainer.get('epoch', 0)}); nothing was changed. To train on, raise {extend}")
 
 
 def _short(target: str) -> str:
@@ -247,8 +282,10 @@ def main() -> None:
     if resume and not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
         # A resumed run continues in its own dir; Hydra's record of the first command stays as it was.
         sys.argv += [f"hydra.run.dir={resume}", "hydra.output_subdir=null"]
-    if resume and not any(a.startswith(("tuning=", "+env=", "env=")) for a in sys.argv[1:]):
-        # train.yaml picks tuning/<env>_<algorithm>; a resumed run names no env, and its saved config holds every value.
+    asks_help = any(a in ("--help", "-h") for a in sys.argv[1:])
+    if (resume or asks_help) and not any(a.startswith(("tuning=", "+env=", "env=")) for a in sys.argv[1:]):
+        # train.yaml picks tuning/<env>_<algorithm>; a resumed run names no env (its saved config holds every
+        # value), nor need `train --help`.
         sys.argv.append("tuning=none")
     try:
         _hydra_train()

@@ -22,7 +22,21 @@ class JsonlWriter:
     """One JSON object per epoch, flushed at once, so a crash loses at most the current epoch."""
 
     def __init__(self, path: Path):
+        self.path = path
         self.file = open(path, "a", encoding="utf-8")
+
+    def rewind(self, epoch: int, env_steps: int) -> int:
+        """On resume: drop the rows after the checkpoint's `epoch` (a run killed between checkpoints
+        trains those epochs again); returns how many were dropped. The file is rewritten atomically."""
+        self.file.close()
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if line.strip() and json.loads(line).get("epoch", 0) <= epoch]
+        if len(kept) != len(lines):
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp.write_text("".join(kept), encoding="utf-8")
+            tmp.replace(self.path)
+        self.file = open(self.path, "a", encoding="utf-8")
+        return len(lines) - len(kept)
 
     def write(self, stats: dict[str, Any]) -> None:
         self.file.write(json.dumps(stats, allow_nan=False, default=float) + "\n")
@@ -38,7 +52,15 @@ class TensorBoardWriter:
     def __init__(self, log_dir: Path):
         from torch.utils.tensorboard import SummaryWriter
 
+        self.log_dir = log_dir
         self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def rewind(self, epoch: int, env_steps: int) -> None:
+        """On resume: TensorBoard hides what was written after the checkpoint's step (its purge_step)."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer.close()
+        self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=env_steps + 1)
 
     def write(self, stats: dict[str, Any]) -> None:
         step = int(stats["env_steps"])
@@ -113,6 +135,10 @@ class ConsoleTable:
         self.rows += 1
         self._held = None
 
-    def close(self) -> None:
+    def flush(self) -> None:
+        """Show the row held back, if any (the trainer calls this before its closing line)."""
         if self._held is not None:
             self._show(self._held)
+
+    def close(self) -> None:
+        self.flush()
