@@ -6,6 +6,7 @@ import signal
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
@@ -235,3 +236,48 @@ def test_a_two_seed_sweep_writes_both_rows_and_the_plot(tmp_path):
     for r in rows:
         assert int(r["env_steps"]) >= 4096 and float(r["wall_time_s"]) > 0 and r["best_return"] and r["final_return"]
     assert (sweep_dir / "summary.png").stat().st_size > 1000
+
+
+def actor_pids(train_pid: int) -> list[int]:
+    """The actor processes of a `train` with subprocess actors (start method forkserver, the
+    default): the forkserver's children, i.e. train's grandchildren."""
+    def children(pid: int) -> list[int]:
+        try:
+            return [int(c) for c in (Path(f"/proc/{pid}/task/{pid}/children")).read_text().split()]
+        except OSError:
+            return []
+
+    return [grandchild for child in children(train_pid) for grandchild in children(child)]
+
+
+@pytest.mark.slow
+def test_thirty_actor_kills_at_random_moments_never_stall_the_learner(tmp_path):
+    """An actor SIGKILLed anywhere (inside a queue operation too) must not block the others: the run
+    goes on with no long gap between epochs and leaves no process behind."""
+    import random
+
+    rng = random.Random()
+    run_dir = tmp_path / "run"
+    proc, tag = start_train("+env=cartpole", "runner=subproc", "runner.n_actors=4", "runner.envs_per_actor=8", "runner.max_restarts=60",
+                            "target_return=null", "max_env_steps=100000000", "eval.interval=0", "epoch_length=4", run_dir=run_dir)
+    assert wait_for_epochs(run_dir, 2)
+    kills = 0
+    while kills < 30:
+        actors = actor_pids(proc.pid)
+        if actors:
+            try:
+                os.kill(rng.choice(actors), signal.SIGKILL)
+                kills += 1
+            except ProcessLookupError:
+                pass
+        time.sleep(rng.uniform(0.02, 0.4))
+    settled = last_epoch(run_dir) + 3
+    assert wait_until(lambda: last_epoch(run_dir) >= settled, timeout=60)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert wait_until(lambda: processes_with_env_tag(tag) == [], timeout=15)
+    rows = read_stats(run_dir)
+    gaps = [b["time_s"] - a["time_s"] for a, b in zip(rows, rows[1:])]
+    assert max(gaps) < 5.0, gaps
+    assert sum(r["actor_restarts"] for r in rows) >= 25  # a kill of an actor about to be replaced anyway counts once

@@ -1,18 +1,21 @@
 """Actors in subprocesses: rollouts cross the process boundary through preallocated shared memory.
 
-Only a slot index and small metadata travel through the queue. The pool holds
-`queue_size + n_actors` slots: each actor fills one slot at a time, and at most `queue_size`
-filled slots wait for the learner, which bounds how stale a rollout can be (see
-`queue_out_of_sync_factor`).
+Only a slot index and small metadata travel between the processes, and every actor has channels
+of its own: a queue of slots to fill (the learner's requests) and a pipe back to the learner. An
+actor killed anywhere, inside a queue or pipe operation too, thus breaks only its own channels,
+which its restart replaces; no lock is shared that a dead actor could hold. The learner owns the
+pool of `queue_size + n_actors` slots and hands each free slot to the actor with the fewest open
+ones, which bounds how stale a rollout can be (see `queue_out_of_sync_factor`); the slots of a
+failed actor come back to the pool when it is restarted.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
-
 import queue
 import time
 import traceback
@@ -34,17 +37,13 @@ _POLL_S = 0.2
 _JOIN_TIMEOUT_S = 5.0
 
 
-def _put(q, item, stop_event) -> bool:
-    """Put unless the run is stopping or the parent is gone; True if put."""
-    parent = mp.parent_process()
-    while not stop_event.is_set():
-        try:
-            q.put(item, timeout=_POLL_S)
-            return True
-        except queue.Full:
-            if parent is not None and not parent.is_alive():
-                return False
-    return False
+def _send(connection, message) -> bool:
+    """Send to the learner over this actor's own pipe; False if the learner is gone."""
+    try:
+        connection.send(message)
+        return True
+    except (BrokenPipeError, EOFError, OSError):
+        return False
 
 
 def _get(q, stop_event):
@@ -65,8 +64,8 @@ def actor_process(
     policy: nn.Module,
     spec: RolloutSpec,
     slots: Rollout,
-    free_slots,
-    filled_slots,
+    requests,
+    outbox,
     weights: SharedWeights,
     stop_event,
     env_seed: int,
@@ -74,7 +73,8 @@ def actor_process(
     initial_policy: nn.Module | None,
     generation: int,
 ) -> None:
-    """The body of one actor subprocess: take a free slot, pull weights if newer, fill it, hand it over.
+    """The body of one actor subprocess: take a requested slot from its own queue, pull weights if
+    newer, fill the slot, send its index back through its own pipe.
 
     `generation` counts the actor's restarts; its error report carries it, so that a report from a
     process the learner already replaced is not counted twice."""
@@ -85,7 +85,7 @@ def actor_process(
         actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy)
         while not stop_event.is_set():
             t0 = time.perf_counter()
-            slot = _get(free_slots, stop_event)
+            slot = _get(requests, stop_event)
             if slot is None:
                 break
             wait = time.perf_counter() - t0
@@ -94,37 +94,35 @@ def actor_process(
                 actor.policy_version = weights.pull(actor.policy)
             info = actor.collect(slots.slot(slot))
             info.timings["actor_wait_s"] = wait
-            if not _put(filled_slots, ("rollout", slot, info, generation), stop_event):
+            if not _send(outbox, ("rollout", slot, info, generation)):
                 break
             slot = None
     except KeyboardInterrupt:
         pass
     except Exception:
-        _put(filled_slots, ("error", index, generation, slot, traceback.format_exc()), stop_event)
+        _send(outbox, ("error", index, generation, slot, traceback.format_exc()))
     finally:
         if actor is not None:
             actor.close()
+        outbox.close()
 
 
 class SubprocDistributedActors(DistributedActors):
     """Each actor in its own process (multiprocessing), fed weights and drained through shared memory.
 
-    :param queue_out_of_sync_factor: the queue holds at most `queue_size = max(1, round(factor *
-        batch_size))` finished rollouts; an actor whose rollout finds it full waits. Ahead of a
-        rollout, when its actor reads the weights, are then at most the queue and one rollout per
-        actor, so its policy lag (the learner's broadcasts between that read and the collect that
-        takes it) is at most `ceil((queue_size + n_actors) / batch_size)` versions, if the learner
-        broadcasts once per collect. That holds while the actors keep pace with each other: one much
-        slower than the rest (e.g. descheduled on a busy machine) can be overtaken and lag more.
+    :param queue_out_of_sync_factor: the learner circulates `queue_size + n_actors` slots, with
+        `queue_size = max(1, round(factor * batch_size))`: at most that many rollouts are filled or
+        being filled ahead of the learner, and an actor without a free slot waits. A rollout's policy
+        lag (the learner's broadcasts between its actor reading the weights and the collect that
+        takes it) is then at most `ceil((queue_size + n_actors) / batch_size)` versions, if the
+        learner broadcasts once per collect and the actors keep pace with each other (one much
+        slower than the rest, e.g. descheduled on a busy machine, can be overtaken and lag more).
         Policy lag is measured per rollout (the `policy_lag` epoch stat).
-    :param on_policy: see DistributedActors. Free slots are then the learner's requests: after each
-        broadcast it hands out `batch_size` of them, each into the own queue of the actor with the
-        fewest open requests, so an actor waits for the next broadcast once its requests are done.
-        The learner knows which actor holds which request: a restarted actor's requests go to the
-        others, and an actor killed while waiting on its queue blocks no other actor.
+    :param on_policy: see DistributedActors. The slots are then the learner's requests: after each
+        broadcast it hands out `batch_size` of them, so an actor waits for the next broadcast once
+        its requests are done, and a restarted actor's requests go to the others.
     :param start_method: one of `multiprocessing.get_all_start_methods()`; forkserver by default.
-    :param max_restarts: see DistributedActors; a dead process may take its slot with it, so the
-        pool holds one spare slot per allowed restart.
+    :param max_restarts: see DistributedActors; a failed actor's slots come back to the pool.
     :param rollout_timeout_s: see DistributedActors.
     """
 
@@ -164,23 +162,19 @@ class SubprocDistributedActors(DistributedActors):
     def _start_actors(self) -> None:
         self._ctx = mp.get_context(self.start_method)
         warm_up_start_method(self.start_method)
-        if self.on_policy:  # one batch requested at a time
-            n_slots = self.batch_size + self.n_actors
-        else:
-            n_slots = self.queue_size + self.n_actors + self.max_restarts
+        # on-policy: one batch requested at a time; else the queue bound plus one being filled per actor
+        n_slots = self.batch_size + self.n_actors if self.on_policy else self.queue_size + self.n_actors
         self.slots = self.rollout_spec.allocate(shared=True, n_slots=n_slots)
         total = self.slots.nbytes
         log.info(f"shared memory: {total / n_slots / 2**20:.2f} MiB per rollout slot, {n_slots} slots, {total / 2**20:.1f} MiB in all")
-        self.free_slots = self._ctx.Queue()
-        # on-policy: one request queue per actor, the slots not handed out, and each actor's open
-        # requests (slot -> policy version and time of the request)
-        self._requests = [self._ctx.Queue() for _ in range(self.n_actors)] if self.on_policy else []
-        self._idle_slots = list(range(n_slots)) if self.on_policy else []
+        # Each actor's own channels: its requests (slots to fill) and its pipe back; the learner's
+        # bookkeeping: slots not handed out, each actor's open requests (slot -> policy version and
+        # time of the request), and messages received but not yet taken.
+        self._requests: list = [None] * self.n_actors
+        self._inboxes: list = [None] * self.n_actors
+        self._idle_slots = list(range(n_slots))
         self._open: list[dict[int, tuple[int, float]]] = [{} for _ in range(self.n_actors)]
-        if not self.on_policy:
-            for slot in range(n_slots):
-                self.free_slots.put(slot)
-        self.filled_slots = self._ctx.Queue(maxsize=n_slots if self.on_policy else self.queue_size)
+        self._received: collections.deque = collections.deque()
         self.weights = SharedWeights(self.policy)
         self.stop_event = self._ctx.Event()
         self._policy_copy = copy.deepcopy(self.policy)
@@ -188,49 +182,61 @@ class SubprocDistributedActors(DistributedActors):
         self.processes = [None] * self.n_actors
         for i in range(self.n_actors):
             self._spawn(i)
-        if self.on_policy:
-            self._request_batch(0)
+        self._hand_out(0)
 
     def _spawn(self, index: int) -> None:
+        """Start actor `index` with fresh channels of its own."""
         env_seed, agent_seed = self.restart_seeds(index)
+        self._requests[index] = self._ctx.Queue()
+        inbox, outbox = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(
             target=actor_process,
             name=f"maze-actor-{index}",
             args=(
-                index, self.env_factory, self._policy_copy, self.rollout_spec, self.slots,
-                self._requests[index] if self.on_policy else self.free_slots, self.filled_slots,
+                index, self.env_factory, self._policy_copy, self.rollout_spec, self.slots, self._requests[index], outbox,
                 self.weights, self.stop_event, env_seed, agent_seed, self.initial_policy, self.actor_restarts[index],
             ),
             daemon=True,
         )
         process.start()
+        outbox.close()  # the child holds the only sending end: its death reads as the end of the pipe
+        self._inboxes[index] = inbox
         self.processes[index] = process
 
-    def _request_batch(self, received: int) -> None:
-        """On-policy: request what this version's batch still lacks (`received` rollouts are in),
-        each from the actor with the fewest open requests."""
-        current = sum(1 for open_ in self._open for version, _ in open_.values() if version == self.policy_version)
-        for _ in range(self.batch_size - received - current):
+    def _hand_out(self, received: int) -> None:
+        """Give slots to the actors, each to the one with the fewest open requests: on-policy, what
+        this version's batch still lacks (`received` rollouts are in); else every free slot."""
+        if self.on_policy:
+            current = sum(1 for open_ in self._open for version, _ in open_.values() if version == self.policy_version)
+            wanted = self.batch_size - received - current
+        else:
+            wanted = len(self._idle_slots)
+        for _ in range(min(wanted, len(self._idle_slots))):
             index = min(range(self.n_actors), key=lambda i: (len(self._open[i]), (i - self.policy_version) % self.n_actors))
             slot = self._idle_slots.pop()
             self._open[index][slot] = (self.policy_version, time.monotonic())
             self._requests[index].put(slot)
 
     def _restart_actor(self, index: int) -> None:
+        """Replace actor `index`: its channels die with it, its open slots come back to the pool."""
         old = self.processes[index]
         if old.is_alive():
             old.kill()
         old.join(timeout=_JOIN_TIMEOUT_S)
-        if self.on_policy:  # its requests died with it: the queue (its lock too) and the slots
-            self._requests[index].cancel_join_thread()
-            self._requests[index].close()
-            self._requests[index] = self._ctx.Queue()
-            self._idle_slots += list(self._open[index])
-            self._open[index] = {}
+        self._close_channels(index)
+        self._idle_slots += list(self._open[index])
+        self._open[index] = {}
         self._spawn(index)
+        if not self.on_policy:  # on-policy, _next_message re-requests what the batch still lacks
+            self._hand_out(0)
+
+    def _close_channels(self, index: int) -> None:
+        self._requests[index].cancel_join_thread()
+        self._requests[index].close()
+        self._inboxes[index].close()
 
     def stop(self) -> None:
-        """Signal the actors, drain the queue so none blocks, join them, and kill any that linger."""
+        """Signal the actors, join them (none can block on a full channel), and kill any that linger."""
         if self._stopped:
             return
         self._stopped = True
@@ -238,28 +244,31 @@ class SubprocDistributedActors(DistributedActors):
         deadline = time.monotonic() + _JOIN_TIMEOUT_S
         for process in self.processes:
             while process.is_alive() and time.monotonic() < deadline:
-                self._drain()
+                self._receive(timeout=0)  # keep the pipes flowing while actors finish a send
                 process.join(timeout=0.05)
         for process in self.processes:
             if process.is_alive():
                 process.kill()
             process.join(timeout=_JOIN_TIMEOUT_S)
-        for q in (self.free_slots, self.filled_slots, *self._requests):
-            q.cancel_join_thread()
-            q.close()
+        for index in range(self.n_actors):
+            self._close_channels(index)
         self.processes = []
-
-    def _drain(self) -> None:
-        try:
-            while True:
-                self.filled_slots.get_nowait()
-        except (queue.Empty, OSError, ValueError):
-            pass
 
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.policy_version = self.weights.publish(state_dict)
         if self.on_policy:
-            self._request_batch(0)  # after publishing: these rollouts use the new version
+            self._hand_out(0)  # after publishing: these rollouts use the new version
+
+    def _receive(self, timeout: float) -> None:
+        """Move every message that has arrived (waiting up to `timeout` for one) into `_received`,
+        tagged with its actor. A pipe whose actor died reads as ended; `_check_alive` restarts it."""
+        inboxes = {inbox: i for i, inbox in enumerate(self._inboxes) if not inbox.closed}
+        for inbox in mp.connection.wait(list(inboxes), timeout=timeout):
+            try:
+                while inbox.poll(0):
+                    self._received.append(inbox.recv())
+            except (EOFError, OSError):
+                pass  # the actor is gone; its sentinel says so to _check_alive
 
     def _check_alive(self) -> None:
         """Recover any actor whose process is gone (one poll over the process sentinels)."""
@@ -267,46 +276,43 @@ class SubprocDistributedActors(DistributedActors):
         for i, process in enumerate(self.processes):
             if process.sentinel in dead:
                 process.join(timeout=0)
-                if process.exitcode == 0:
-                    # An actor exits cleanly only after putting its error report in the queue
-                    # (a process flushes its queue before exiting): recover when that arrives.
-                    continue
+                self._receive(timeout=0)  # what it sent before dying, its error report included
+                if process.exitcode == 0 and any(m[0] == "error" and m[1] == i and m[2] == self.actor_restarts[i] for m in self._received):
+                    continue  # it reported its error and exited: recover when that report is taken
                 self._actor_failed(i, f"process {process.pid} exited with code {process.exitcode}")
 
     def _next_message(self, received: int) -> tuple:
-        """The next queue message, recovering dead or silent actors while waiting (and, on-policy,
+        """The next message, recovering dead or silent actors while waiting (and, on-policy,
         handing a restarted actor's requests to the others; `received` rollouts are in)."""
-        while True:
+        while not self._received:
             if self.on_policy:
-                self._request_batch(received)
-            try:
-                return self.filled_slots.get(timeout=_POLL_S)
-            except queue.Empty:
+                self._hand_out(received)
+            self._receive(timeout=_POLL_S)
+            if not self._received:
                 self._check_alive()
                 self._check_silent()
+        return self._received.popleft()
 
     def collect_outputs(self, learner_device: str) -> tuple[Rollout, float, float, float]:
         self._check_alive()
-        self._check_silent()  # the others may keep the queue full while one actor hangs
-        queue_before = self.filled_slots.qsize()
+        self._check_silent()  # the others may keep delivering while one actor hangs
+        self._receive(timeout=0)
+        queue_before = len(self._received)
         start = time.perf_counter()
         taken: list[int] = []
         while len(taken) < self.batch_size:
             kind, *payload = self._next_message(len(taken))
             if kind == "error":
                 index, generation, slot, details = payload
-                if slot is not None and not self.on_policy:
-                    self.free_slots.put(slot)  # on-policy: the restart takes back all its requests
                 if generation != self.actor_restarts[index]:
                     continue  # from a process already replaced (e.g. killed as silent after it reported)
                 self.processes[index].join(timeout=_JOIN_TIMEOUT_S)  # it exits after reporting
-                self._actor_failed(index, details)
+                self._actor_failed(index, details)  # the restart takes back its slots
                 continue
             slot, info, generation = payload
-            if self.on_policy:
-                if generation != self.actor_restarts[info.actor_index]:
-                    continue  # a replaced process's request: taken back, and maybe handed out again
-                self._open[info.actor_index].pop(slot)
+            if generation != self.actor_restarts[info.actor_index]:
+                continue  # sent by a replaced process: its slots were taken back, maybe handed out again
+            self._open[info.actor_index].pop(slot)
             if self._record_rollout(info):
                 taken.append(slot)
             else:
@@ -315,20 +321,21 @@ class SubprocDistributedActors(DistributedActors):
         batch = Rollout.cat([self.slots.slot(s) for s in taken]).to(learner_device)
         for slot in taken:
             self._release(slot)
-        return batch, float(queue_before), float(self.filled_slots.qsize()), dequeue_time
+        self._receive(timeout=0)
+        return batch, float(queue_before), float(len(self._received)), dequeue_time
 
     def _owes_rollout_since(self, index: int) -> float | None:
-        if not self.on_policy:
-            return super()._owes_rollout_since(index)
+        """An actor owes a rollout while it holds a requested slot: since it got the oldest one, or
+        its last delivery if that is later. Without open slots it waits on the learner, on purpose."""
         asked = [when for _, when in self._open[index].values()]
         return max(min(asked), self.last_seen[index]) if asked else None
 
     def _release(self, slot: int) -> None:
-        """A slot the learner is done with: free again, or (on-policy) kept for the next request."""
-        if self.on_policy:
-            self._idle_slots.append(slot)
-        else:
-            self.free_slots.put(slot)
+        """A slot the learner is done with: back to the pool; off-policy, handed out again at once
+        (on-policy it waits for the next version's requests)."""
+        self._idle_slots.append(slot)
+        if not self.on_policy:
+            self._hand_out(0)
 
     def alive_pids(self) -> list[int]:
         """PIDs of actor processes still running (for checks that nothing outlives the run)."""
