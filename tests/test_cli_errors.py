@@ -83,3 +83,30 @@ def test_train_help_is_written_for_people_and_names_every_option():
     assert "_schema" not in page and "$" not in page
     rollout = subprocess.run([str(TRAIN.with_name("rollout")), "--help"], capture_output=True, text=True, timeout=60)
     assert rollout.returncode == 0 and "checkpoint=" in rollout.stdout and "video=" in rollout.stdout
+
+
+def test_an_env_id_whose_package_is_missing_names_the_package_to_install(tmp_path):
+    """Ids of packages that register on import (ALE/, MinAtar/, MiniGrid-) are imported by their prefix;
+    a missing package is one line naming the extra."""
+    import importlib.util
+
+    result = run_train("+env=gym", "env.id=MiniGrid-Empty-5x5-v0", "max_env_steps=1", "eval.interval=0", "runner=sequential",
+                       run_dir=tmp_path / "run")
+    if importlib.util.find_spec("minigrid") is None:
+        assert result.returncode == 2
+        assert result.stderr.strip() == ("train: error: env.id=MiniGrid-Empty-5x5-v0: its package minigrid is not installed; "
+                                         "pip install 'maze_cli[minigrid]' (or pip install minigrid)")
+    else:
+        assert "MiniGrid-Empty-5x5-v0" in result.stdout  # built: the prefix imported the package
+
+
+def test_an_ale_id_works_through_the_generic_gym_config(tmp_path):
+    """ALE's own vector env preprocesses frames (84x84); the actors must build the env the check saw."""
+    import importlib.util
+
+    if importlib.util.find_spec("ale_py") is None:
+        pytest.skip("the optional extra atari is not installed")
+    result = run_train("+env=gym", "env.id=ALE/Pong-v5", "runner.envs_per_actor=2", "max_env_steps=1", "eval.interval=0",
+                       "runner=sequential", run_dir=tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    assert "Box(210, 160, 3) uint8" in result.stdout and "policy=cnn is made for images" in result.stdout

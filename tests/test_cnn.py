@@ -118,3 +118,14 @@ def test_the_atari_config_trains_on_stacked_byte_frames(tmp_path):
     log = (run_dir / "train.log").read_text()
     assert "Box(4, 84, 84) uint8" in log and "MiB per rollout slot" in log
     assert read_stats(run_dir)[-1]["env_steps"] >= 2000
+
+
+def test_images_with_policy_mlp_get_a_warning_naming_policy_cnn(tmp_path):
+    config_dir = pixel_env_config(tmp_path)
+    common = ["--config-dir", config_dir, "+env=pixels", "runner=sequential", "max_env_steps=1", "eval.interval=0"]
+    mlp = run_train(*common, run_dir=tmp_path / "mlp")
+    assert mlp.returncode == 0, mlp.stderr
+    warnings = [line for line in mlp.stdout.splitlines() if "policy=cnn is made for images" in line]
+    assert len(warnings) == 1 and "(12, 12, 3)" in warnings[0]
+    cnn = run_train(*common, "policy=cnn", run_dir=tmp_path / "cnn")
+    assert cnn.returncode == 0 and "policy=cnn is made for images" not in cnn.stdout

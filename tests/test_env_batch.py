@@ -89,3 +89,14 @@ def test_replay_workers_step_single_envs_so_every_step_is_a_transition():
         sampled = workers.sample_batch("cpu")
     assert len(workers.replay_buffer) >= 64
     assert np.isin(sampled.transitions.rewards.numpy(), [1.0]).all()  # no zero-reward autoreset step got in
+
+
+def test_gymnasium_warnings_are_shown_without_ansi_colour_codes():
+    import warnings
+
+    from gymnasium.utils import colorize
+
+    import maze_cli.envs.factory  # noqa: F401 - installs the plain formatting, as in every process that builds envs
+
+    shown = warnings.formatwarning(colorize("WARN: an env warning", "yellow"), UserWarning, "env.py", 1)
+    assert "\x1b" not in shown and "WARN: an env warning" in shown

@@ -235,6 +235,7 @@ def test_a_two_seed_sweep_writes_both_rows_and_the_plot(tmp_path):
     assert len(rows) == 2 and "seed=1" in rows[0]["overrides"].split() and "seed=2" in rows[1]["overrides"].split()
     for r in rows:
         assert int(r["env_steps"]) >= 4096 and float(r["wall_time_s"]) > 0 and r["best_return"] and r["final_return"]
+        assert r["return_key"] == "eval/return_mean"  # the jobs evaluated: the CSV and the plot's first panel report eval
     assert (sweep_dir / "summary.png").stat().st_size > 1000
 
 
@@ -281,3 +282,22 @@ def test_thirty_actor_kills_at_random_moments_never_stall_the_learner(tmp_path):
     gaps = [b["time_s"] - a["time_s"] for a, b in zip(rows, rows[1:])]
     assert max(gaps) < 5.0, gaps
     assert sum(r["actor_restarts"] for r in rows) >= 25  # a kill of an actor about to be replaced anyway counts once
+
+
+def test_the_sweep_plot_shows_single_epoch_jobs_as_points_and_both_returns():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from maze_cli.cli import sweep
+
+    fig, ax = plt.subplots()
+    sweep._plot_group(ax, [[(4096, 30.0)], [(4096, 32.0)]], "(all) (n=2)", "C0")
+    assert [line.get_marker() for line in ax.lines] == ["o", "o"] and ax.get_ylim()[0] < 30.0 < 32.0 < ax.get_ylim()[1]
+    plt.close(fig)
+    jobs = [{"group": "(all)", "return_key": "eval/return_mean",
+             "curves": {"eval/return_mean": [(4096, 30.0)], "train/return_mean": [(4096, 20.0)]}}]
+    fig = sweep.summary_figure(jobs)
+    assert [ax.get_ylabel() for ax in fig.axes] == ["eval return", "training return (epoch mean)"]
+    plt.close(fig)

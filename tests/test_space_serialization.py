@@ -167,3 +167,16 @@ def test_unknown_description_is_refused():
         space_from_dict({"type": "Text", "max_length": 4})
     with pytest.raises(UnsupportedSpaceError, match="type"):
         space_from_dict({"n": 3})
+
+
+def test_an_unsupported_observation_space_is_named_by_where_it_is():
+    import gymnasium as gym
+    import pytest
+
+    from maze_cli.envs.spaces import UnsupportedSpaceError, observation_specs
+
+    pair = gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(3)))
+    with pytest.raises(UnsupportedSpaceError, match="at the observation's top level is not supported"):
+        observation_specs(pair)
+    with pytest.raises(UnsupportedSpaceError, match="at key 'goal/pair' is not supported"):
+        observation_specs(gym.spaces.Dict({"goal": gym.spaces.Dict({"pair": pair})}))

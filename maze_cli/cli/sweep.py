@@ -1,8 +1,8 @@
 """After a multirun (`train -m ...`): `summary.csv` and `summary.png` in the sweep dir.
 
 One CSV row per job (its overrides, best and final return, env steps, wall time; returns are eval
-returns when the jobs evaluated); one curve of training return per setting of the overrides other
-than `seed`, the mean across seeds with the min-max spread.
+returns when the jobs evaluated). The plot shows that same return and, beside it, the training
+return: per setting of the overrides other than `seed`, the mean across seeds with the min-max spread.
 """
 
 from __future__ import annotations
@@ -47,8 +47,10 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
             "final_return": returns[-1] if returns else None,
             "env_steps": stats[-1]["env_steps"],
             "wall_time_s": stats[-1]["time_s"],
-            # The curve uses the training return: one point per epoch (evaluations are sparser).
-            "curve": [(row["env_steps"], row["train/return_mean"]) for row in stats if "train/return_mean" in row],
+            "curves": {  # the return the CSV reports, and the training return (one point per epoch)
+                key: [(row["env_steps"], row[key]) for row in stats if key in row],
+                "train/return_mean": [(row["env_steps"], row["train/return_mean"]) for row in stats if "train/return_mean" in row],
+            },
         })
     return jobs
 
@@ -62,30 +64,60 @@ def write_summary_csv(jobs: list[dict[str, Any]], path: Path) -> None:
 
 
 def write_summary_png(jobs: list[dict[str, Any]], path: Path) -> None:
+    fig = summary_figure(jobs)  # selects the Agg backend before pyplot is imported
+    fig.savefig(path, dpi=100)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def summary_figure(jobs: list[dict[str, Any]]):
+    """Two panels against env steps: the return the CSV reports (eval where the jobs evaluated) and
+    the training return; per setting of the other overrides, the mean across seeds with the min-max
+    spread. Jobs too short for a curve (one epoch, one evaluation) show as points."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups: dict[str, list[list[tuple[int, float]]]] = defaultdict(list)
-    for job in jobs:
-        if job["curve"]:
-            groups[job["group"]].append(job["curve"])
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for group, curves in groups.items():
-        end = min(c[-1][0] for c in curves)
-        grid = np.linspace(min(c[0][0] for c in curves), max(end, min(c[0][0] for c in curves) + 1), 100)
-        values = np.array([np.interp(grid, *zip(*c)) for c in curves])
-        ax.plot(grid, values.mean(0), label=f"{group} (n={len(curves)})")
-        if len(curves) > 1:
-            ax.fill_between(grid, values.min(0), values.max(0), alpha=0.2)
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("training return (epoch mean)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    judged = jobs[0]["return_key"]
+    panels = [(judged, "eval return" if judged.startswith("eval/") else "training return (epoch mean)")]
+    if judged != "train/return_mean":
+        panels.append(("train/return_mean", "training return (epoch mean)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
+    for ax, (key, label) in zip(axes[0], panels):
+        groups: dict[str, list[list[tuple[int, float]]]] = defaultdict(list)
+        for job in jobs:
+            if job["curves"].get(key):
+                groups[job["group"]].append(job["curves"][key])
+        for colour, (group, curves) in enumerate(groups.items()):
+            _plot_group(ax, curves, f"{group} (n={len(curves)})", f"C{colour % 10}")
+        ax.set_xlabel("env steps")
+        ax.set_ylabel(label)
+        ax.margins(x=0.05, y=0.1)
+        ax.grid(alpha=0.3)
+        if groups:
+            ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
+
+
+def _plot_group(ax, curves: list[list[tuple[int, float]]], label: str, colour: str) -> None:
+    """The mean across a group's jobs on a common grid with the min-max band; where a job has a
+    single point, every job's points as markers (nothing to interpolate)."""
+    if min(len(c) for c in curves) < 2:
+        for i, curve in enumerate(curves):
+            xs, ys = zip(*curve)
+            ax.plot(xs, ys, "o-", color=colour, label=label if i == 0 else None)
+        return
+    start, end = max(c[0][0] for c in curves), min(c[-1][0] for c in curves)
+    if end <= start:  # the jobs' steps do not overlap: no common grid
+        start, end = min(c[0][0] for c in curves), max(c[-1][0] for c in curves)
+    grid = np.linspace(start, end, 100)
+    values = np.array([np.interp(grid, *zip(*c)) for c in curves])
+    ax.plot(grid, values.mean(0), color=colour, label=label)
+    if len(curves) > 1:
+        ax.fill_between(grid, values.min(0), values.max(0), color=colour, alpha=0.2)
 
 
 class SweepSummary(Callback):

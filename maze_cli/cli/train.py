@@ -103,6 +103,7 @@ def run_train(cfg: DictConfig) -> dict:
     t = settings.train
     torch.set_num_threads(t.torch_threads)
     env_factory, observation_space, action_space = check_env(settings)
+    _warn_images_with_mlp(settings, observation_space)
     config = OmegaConf.to_container(cfg, resolve=True)
 
     seed_everything(derive_seed(t.seed, "learner"))
@@ -173,6 +174,22 @@ def run_train(cfg: DictConfig) -> dict:
     log.info(_summary_line(result, trainer.time_offset + result.time_s, trainer.best_eval, run_dir / "checkpoints",
                            time.perf_counter() - started))
     return {"stop_reason": result.stop_reason, "env_steps": result.env_steps, "time_s": result.time_s}
+
+
+def _warn_images_with_mlp(settings, observation_space) -> None:
+    """An image observation with policy=mlp trains, flattened, but slowly and poorly: say so once."""
+    import gymnasium as gym
+
+    from maze_cli.envs.spaces import observation_specs
+
+    if settings.policy.get("_target_") != "maze_cli.policies.mlp.MlpNetwork":
+        return
+    named = isinstance(observation_space, gym.spaces.Dict)
+    images = [f"'{key}' {spec.shape}" if named else str(spec.shape) for key, spec in observation_specs(observation_space).items()
+              if len(spec.shape) == 3]
+    if images:
+        log.warning(f"the observations hold images ({', '.join(images)}) and policy=mlp flattens them; "
+                    f"policy=cnn is made for images (conv encoders)")
 
 
 def _eval_videos(settings, run_dir: Path, tensorboard):

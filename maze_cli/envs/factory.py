@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -12,12 +14,32 @@ from maze_cli.envs.spaces import UnsupportedSpaceError, action_spec, observation
 from maze_cli.errors import ConfigError
 
 __all__ = ["EnvFactory", "EnvConfigError", "UnsupportedSpaceError"]
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _plain_warnings() -> None:
+    """gymnasium colours its warnings with ANSI codes, which land raw in train.log and in consoles
+    that do not read them: every process that builds envs shows warnings without them."""
+    if getattr(warnings.formatwarning, "maze_cli_plain", False):
+        return
+    original = warnings.formatwarning
+
+    def formatwarning(message, category, filename, lineno, line=None) -> str:
+        return _ANSI.sub("", original(message, category, filename, lineno, line))
+
+    formatwarning.maze_cli_plain = True
+    warnings.formatwarning = formatwarning
+
+
+_plain_warnings()
 
 # Keys of an env config that configure maze_cli rather than the env itself.
 ID_KEYS = ("id", "kwargs", "max_episode_steps", "vectorize", "register", "check", "reward_clip", "core_inputs")
 OWN_KEYS = ("check", "reward_clip", "core_inputs")  # keys of any env config that maze_cli reads (never passed to the env)
 # Optional extras that bring env packages, by the module an env config registers its ids from.
 EXTRAS = {"minatar": "minatar", "ale_py": "atari", "minigrid": "minigrid"}
+# Env id prefixes whose ids exist only once their package is imported (gymnasium 1.x loads no plugins).
+ID_PACKAGES = {"ALE/": "ale_py", "MinAtar/": "minatar.gym", "MiniGrid-": "minigrid", "BabyAI-": "minigrid"}
 
 
 class EnvConfigError(ConfigError):
@@ -83,9 +105,11 @@ class EnvFactory:
         return cls({**env_config, "core_inputs": list(inputs)})
 
     def _register(self) -> None:
-        """Import `register`'s module so that the env's id exists (in every process that makes it)."""
-        module_name = self.config.get("register")
-        if not module_name or self.config["id"] in gym.registry:
+        """Import `register`'s module (or, for a known id prefix such as ALE/, its package) so that
+        the env's id exists, in every process that makes it."""
+        env_id = self.config["id"]
+        module_name = self.config.get("register") or next((m for prefix, m in ID_PACKAGES.items() if env_id.startswith(prefix)), None)
+        if not module_name or env_id in gym.registry:
             return
         import importlib
 
@@ -94,13 +118,18 @@ class EnvFactory:
         except ImportError as err:
             top = module_name.split(".")[0]
             extra = f"pip install 'maze_cli[{EXTRAS[top]}]' (or pip install {top})" if top in EXTRAS else f"install the package that provides {module_name}"
-            raise EnvConfigError(f"env.register={module_name}: cannot import it ({err}); {extra}") from None
+            if self.config.get("register"):
+                message = f"env.register={module_name}: cannot import it ({err}); {extra}"
+            else:
+                message = f"env.id={env_id}: its package {top} is not installed; {extra}"
+            raise EnvConfigError(message) from None
         if callable(getattr(module, "register_envs", None)):
             module.register_envs()
 
     def vector_env(self, n_envs: int) -> gym.vector.VectorEnv | None:
-        """`n_envs` copies as the env's own vectorized implementation, or None where there is none
-        (or `vectorize` is off)."""
+        """`n_envs` copies as the env's own vectorized implementation, or None where there is none,
+        where `vectorize` is off, or where it is not the same env: a vector entry point that changes
+        the spaces (ALE's preprocesses frames to 84x84 by default) would not match the policy."""
         if self.config.get("_target_") is not None or not self.config.get("vectorize", True) or adds_inputs(self.config.get("core_inputs")):
             return None
         self._register()
@@ -109,7 +138,16 @@ class EnvFactory:
         kwargs = dict(self.config.get("kwargs") or {})
         if self.config.get("max_episode_steps") is not None:
             kwargs["max_episode_steps"] = self.config["max_episode_steps"]
-        return gym.make_vec(self.config["id"], num_envs=n_envs, vectorization_mode="vector_entry_point", **kwargs)
+        vector = gym.make_vec(self.config["id"], num_envs=n_envs, vectorization_mode="vector_entry_point", **kwargs)
+        single = gym.make(self.config["id"], **kwargs)
+        try:
+            same = (vector.single_observation_space, vector.single_action_space) == (single.observation_space, single.action_space)
+        finally:
+            single.close()
+        if not same:
+            vector.close()
+            return None
+        return vector
 
     def without_vectorization(self) -> "EnvFactory":
         """The same env, always built one by one."""

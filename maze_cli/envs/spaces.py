@@ -54,9 +54,10 @@ def observation_specs(space: gym.Space) -> dict[str, TensorSpec]:
         elif isinstance(sub, gym.spaces.MultiBinary):
             specs[key] = TensorSpec(tuple(np.atleast_1d(sub.n)), torch.float32)
         else:
+            where = f"at key '{key}'" if isinstance(space, gym.spaces.Dict) else "at the observation's top level"
             raise UnsupportedSpaceError(
-                f"observation space {sub!r} at key '{key}' is not supported; "
-                "use Box, Discrete, MultiBinary or a Dict of those"
+                f"observation space {sub!r} {where} is not supported; use Box, Discrete, MultiBinary or a Dict of those "
+                f"(a Tuple can become a Dict with a wrapper of your own)"
             )
     return specs
 
