@@ -101,11 +101,12 @@ def breakdown(run: TrainRun) -> str:
 
 
 # -- 4. time to solve ---------------------------------------------------------------------------
-def sb3_run(task: str, seed: int, max_s: float | None = None) -> tuple[float, bool]:
-    """One sb3_baseline.py run in its own process, timed whole like `train`: (wall s, solved)."""
+def sb3_run(task: str, seed: int, max_s: float | None = None, extra: list[str] = ()) -> tuple[float, bool]:
+    """One sb3_baseline.py run in its own process, timed whole like `train`: (wall s, solved).
+    `extra`: more sb3_baseline.py arguments (e.g. --eval-every)."""
     budget = [] if max_s is None else ["--max-s", str(max_s)]
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(HERE / "sb3_baseline.py"), task, "--seed", str(seed), *budget],
+    proc = subprocess.run([sys.executable, str(HERE / "sb3_baseline.py"), task, "--seed", str(seed), *budget, *extra],
                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
     wall = time.perf_counter() - start
     if proc.returncode != 0:

@@ -1,20 +1,27 @@
-"""maze_cli's PPO, APPO and IMPALA against Stable-Baselines3 PPO: whole-process wall time to the target.
+"""maze_cli's PPO, APPO, IMPALA and SAC against Stable-Baselines3 PPO and SAC: whole-process wall time to the
+target, both sides judged by the same rule.
 
-    python benchmarks/ppo.py                                   # 3 tasks x 4 methods x seeds 1 2 3
+    python benchmarks/ppo.py                                   # every task and method, seeds 1 2 3, rule (a)
+    python benchmarks/ppo.py --rule eval                       # the same judged by rule (b): evaluation on the same seeds
     python benchmarks/ppo.py --out benchmarks/PPO.md           # also write the Markdown there
     python benchmarks/ppo.py --seeds 1 --tasks cartpole --methods ppo sb3 --max-s 120
+    python benchmarks/ppo.py --tasks pendulum --methods sac sb3-sac    # SAC against SB3 SAC
 
 Tasks and the one stopping rule both sides are judged by: the mean return of the last `window`
 finished training episodes (no separate evaluation) reaches the target, CartPole-v1 >= 475 and
 Acrobot-v1 >= -100 over 100 episodes, Pendulum-v1 >= -200 over 10. maze_cli runs as
 `train +env=<task> algorithm=<method> eval.interval=0 target_window=<window> max_time_s=<max-s>`;
-SB3 runs benchmarks/sb3_baseline.py with rl-zoo's PPO settings for that env (which needs the
-optional `bench` extra: pip install 'maze_cli[bench]'). Both are timed as whole processes, start-up
+SB3 runs benchmarks/sb3_baseline.py with rl-zoo's PPO (or SAC) settings for that env (which needs the
+optional `bench` extra: pip install 'maze_cli[bench]'). That is rule (a); `--rule eval` judges both
+sides by rule (b) instead: 10 deterministic evaluation episodes on the same env seeds reach the
+target, maze_cli evaluating once an epoch (its default) and SB3 every as many env steps as that
+maze_cli run's epochs hold (so list the maze_cli method before its SB3 counterpart). Both are timed as whole processes, start-up
 and shutdown included, one run at a time so that no two share the cores. A run that does not reach
 the target counts as infinitely slow in the median.
 
-A full run is 36 runs; on 2 cores expect roughly 30-60 minutes (SB3 on Acrobot and Pendulum takes
-the longest), and never more than 36 x (--max-s + start-up), about 3 hours at the default 300 s.
+SAC (`algorithm=sac`) and SB3 SAC run on Pendulum only (rl-zoo has no SAC settings for the discrete
+tasks), judged by the same rule. A full run is 42 runs; on 2 cores expect roughly 15-30 minutes (SB3
+SAC takes the longest), and never more than 42 x (--max-s + start-up) at most.
 """
 
 from __future__ import annotations
@@ -36,7 +43,9 @@ from sb3_baseline import TASKS as SB3_TASKS
 
 # maze_cli's env config name -> the sb3_baseline.py task, whose target and window are the rule for both sides
 TASKS = {"cartpole": "ppo-cartpole", "acrobot": "ppo-acrobot", "pendulum": "ppo-pendulum"}
-METHODS = ("ppo", "appo", "impala", "sb3")
+# Off-policy pairs, SAC against SB3 SAC (rl-zoo settings): only where SB3 has the task
+SAC_TASKS = {"pendulum": "sac"}
+METHODS = ("ppo", "appo", "impala", "sb3", "sac", "sb3-sac")
 GOAL = 0.5  # maze_cli PPO median / SB3 PPO median
 SHUTDOWN_SLACK_S = 300  # past max_time_s a run is only starting up or shutting down; past this it is hung
 
@@ -62,34 +71,59 @@ def rule(task: str) -> tuple[float, int]:
     return sb3["target"], sb3["window"]
 
 
-def overrides(task: str, method: str, seed: int, max_s: float) -> list[str]:
+def overrides(task: str, method: str, seed: int, max_s: float, judge: str) -> list[str]:
+    """`train` for one run; judge "window": the last N training episodes, "eval": maze_cli's default
+    deterministic evaluation of 10 episodes each epoch."""
     target, window = rule(task)
-    return [f"+env={task}", f"algorithm={method}", f"seed={seed}", "eval.interval=0", f"target_return={target:g}",
-            f"target_window={window}", f"max_time_s={max_s:g}"]
+    judged = ["eval.interval=0", f"target_window={window}"] if judge == "window" else ["eval.interval=1", "eval.episodes=10"]
+    return [f"+env={task}", f"algorithm={method}", f"seed={seed}", *judged, f"target_return={target:g}", f"max_time_s={max_s:g}"]
 
 
-def run_one(task: str, method: str, seed: int, max_s: float, workdir: Path) -> Outcome:
-    """One run; a failure is reported and recorded rather than losing the runs before it."""
+# SB3's counterpart of each maze_cli method: under rule "eval" SB3 evaluates as often as that method does
+COUNTERPART = {"sb3": "ppo", "sb3-sac": "sac"}
+
+
+def applies(task: str, method: str) -> bool:
+    """SAC and SB3 SAC only where SB3's SAC task exists (Pendulum); the others everywhere."""
+    return method not in ("sac", "sb3-sac") or task in SAC_TASKS
+
+
+def run_one(task: str, method: str, seed: int, max_s: float, workdir: Path, judge: str = "window",
+            epoch_steps: dict[tuple[str, str], int] | None = None) -> Outcome:
+    """One run; a failure is reported and recorded rather than losing the runs before it. Under rule
+    "eval", a maze_cli run records its epoch's env steps in `epoch_steps`, and its SB3 counterpart
+    evaluates every that many steps, on the same 10 episode seeds."""
+    epoch_steps = {} if epoch_steps is None else epoch_steps
     try:
-        if method == "sb3":
-            return Outcome(*sb3_run(TASKS[task], seed, max_s))
-        run = run_train(overrides(task, method, seed, max_s), workdir / f"{task}-{method}-{seed}",
+        if method in ("sb3", "sb3-sac"):
+            extra = []
+            if judge == "eval":
+                every = epoch_steps.get((task, COUNTERPART[method]))
+                if every is None:
+                    raise SystemExit(f"--rule eval: run {COUNTERPART[method]} on {task} too (its epoch sets SB3's evaluation interval)")
+                extra = ["--eval-every", str(every), "--eval-episodes", "10"]
+            return Outcome(*sb3_run(TASKS[task] if method == "sb3" else SAC_TASKS[task], seed, max_s, extra))
+        run = run_train(overrides(task, method, seed, max_s, judge), workdir / f"{task}-{method}-{seed}",
                         timeout_s=max_s + SHUTDOWN_SLACK_S)
+        steps = [row["env_steps"] for row in run.rows]
+        sizes = [b - a for a, b in zip(steps, steps[1:])] or steps[:1]
+        epoch_steps.setdefault((task, method), int(statistics.median(sizes)))
         return Outcome(run.wall_s, run.solved)
     except (SystemExit, subprocess.TimeoutExpired) as error:
         print(error, file=sys.stderr, flush=True)
         return Outcome(math.nan, False, failed=True)
 
 
-def run_all(tasks: list[str], methods: list[str], seeds: list[int], max_s: float) -> dict[tuple[str, str], list[Outcome]]:
+def run_all(tasks: list[str], methods: list[str], seeds: list[int], max_s: float, judge: str = "window") -> dict[tuple[str, str], list[Outcome]]:
     """Every (task, method) over the seeds, one run at a time, a progress line after each."""
     results: dict[tuple[str, str], list[Outcome]] = {}
+    epoch_steps: dict[tuple[str, str], int] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for task in tasks:
-            for method in methods:
+            for method in (m for m in methods if applies(task, m)):
                 results[task, method] = []
                 for seed in seeds:
-                    outcome = run_one(task, method, seed, max_s, Path(tmp))
+                    outcome = run_one(task, method, seed, max_s, Path(tmp), judge, epoch_steps)
                     results[task, method].append(outcome)
                     print(f"{task} {method} seed {seed}: {outcome.wall_s:.1f} s, "
                           f"{'failed' if outcome.failed else 'solved' if outcome.solved else 'not solved'}",
@@ -106,15 +140,21 @@ def fmt_median(seconds: float) -> str:
 
 
 def method_name(method: str) -> str:
-    return "SB3 PPO (rl-zoo settings)" if method == "sb3" else f"maze_cli `algorithm={method}`"
+    sb3 = {"sb3": "SB3 PPO (rl-zoo settings)", "sb3-sac": "SB3 SAC (rl-zoo settings)"}
+    return sb3.get(method, f"maze_cli `algorithm={method}`")
 
 
-def rule_line(tasks: list[str]) -> str:
+def rule_line(tasks: list[str], judge: str = "window") -> str:
+    if judge == "eval":
+        targets = "; ".join(f"{SB3_TASKS[TASKS[t]]['env']} >= {rule(t)[0]:g}" for t in tasks)
+        return ("Stopping rule (b), the same on both sides: the mean return of 10 deterministic evaluation episodes on the same "
+                "env seeds (maze_cli's eval seeds for the run's seed) reaches the target; maze_cli evaluates once an epoch "
+                f"(its default), SB3 every as many env steps as one maze_cli epoch of its counterpart holds: {targets}.")
     parts = []
     for task in tasks:
         target, window = rule(task)
         parts.append(f"{SB3_TASKS[TASKS[task]]['env']} >= {target:g} over the last {window}")
-    return ("Stopping rule, the same on both sides: the mean return of the last N finished training episodes "
+    return ("Stopping rule (a), the same on both sides: the mean return of the last N finished training episodes "
             f"(no separate evaluation) reaches the target: {'; '.join(parts)}.")
 
 
@@ -127,26 +167,29 @@ def times_table(results: dict[tuple[str, str], list[Outcome]], seeds: list[int])
 
 
 def ratio_table(results: dict[tuple[str, str], list[Outcome]], tasks: list[str]) -> list[str]:
-    """maze_cli PPO's median over SB3 PPO's, per task where both ran."""
-    lines = ["| task | maze_cli PPO median s | SB3 PPO median s | ratio | goal | met |", "|---|---:|---:|---:|---:|:---:|"]
+    """maze_cli's median over SB3's for each pair that ran: PPO against SB3 PPO, SAC against SB3 SAC."""
+    lines = ["| task | maze_cli | median s | SB3 | median s | ratio | goal | met |", "|---|---|---:|---|---:|---:|---:|:---:|"]
     for task in tasks:
-        if (task, "ppo") not in results or (task, "sb3") not in results:
-            continue
-        ours, theirs = median(results[task, "ppo"]), median(results[task, "sb3"])
-        both = math.isfinite(ours) and math.isfinite(theirs)
-        ratio = f"{ours / theirs:.2f}" if both else "n/a"
-        met = math.isfinite(ours) and (not math.isfinite(theirs) or ours / theirs <= GOAL)
-        lines.append(f"| {task} | {fmt_median(ours)} | {fmt_median(theirs)} | {ratio} | <= {GOAL} | {'yes' if met else 'no'} |")
+        for ours_method, theirs_method in (("ppo", "sb3"), ("sac", "sb3-sac")):
+            if (task, ours_method) not in results or (task, theirs_method) not in results:
+                continue
+            ours, theirs = median(results[task, ours_method]), median(results[task, theirs_method])
+            both = math.isfinite(ours) and math.isfinite(theirs)
+            ratio = f"{ours / theirs:.2f}" if both else "n/a"
+            met = math.isfinite(ours) and (not math.isfinite(theirs) or ours / theirs <= GOAL)
+            lines.append(f"| {task} | {ours_method.upper()} | {fmt_median(ours)} | {method_name(theirs_method).split(' (')[0]} | "
+                         f"{fmt_median(theirs)} | {ratio} | <= {GOAL} | {'yes' if met else 'no'} |")
     return lines if len(lines) > 2 else []
 
 
-def report(results: dict[tuple[str, str], list[Outcome]], tasks: list[str], seeds: list[int], max_s: float) -> str:
-    out = [f"## PPO against Stable-Baselines3, {datetime.date.today()}", "", machine_line(), "", rule_line(tasks), "",
+def report(results: dict[tuple[str, str], list[Outcome]], tasks: list[str], seeds: list[int], max_s: float, judge: str = "window") -> str:
+    out = [f"## Against Stable-Baselines3, rule ({'a' if judge == 'window' else 'b'}), {datetime.date.today()}", "", machine_line(), "",
+           rule_line(tasks, judge), "",
            f"Whole-process wall seconds, start-up and shutdown included; each run capped at {max_s:g} s of training; "
            "an unsolved run counts as infinitely slow in the median.", "", *times_table(results, seeds)]
     ratios = ratio_table(results, tasks)
     if ratios:
-        out += ["", "### maze_cli PPO against SB3 PPO", "", *ratios]
+        out += ["", "### maze_cli against SB3, the same rule", "", *ratios]
     return "\n".join(out) + "\n"
 
 
@@ -156,10 +199,13 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--max-s", type=float, default=300, help="training-time budget of each run, both sides")
+    parser.add_argument("--rule", choices=["window", "eval"], default="window",
+                        help="window: (a) the last N training episodes, both sides; eval: (b) 10 deterministic evaluation "
+                             "episodes on the same seeds, both sides")
     parser.add_argument("--out", type=Path, help="also write the Markdown here")
     args = parser.parse_args()
-    results = run_all(args.tasks, args.methods, args.seeds, args.max_s)
-    text = report(results, args.tasks, args.seeds, args.max_s)
+    results = run_all(args.tasks, args.methods, args.seeds, args.max_s, args.rule)
+    text = report(results, args.tasks, args.seeds, args.max_s, args.rule)
     print(text)
     if args.out:
         args.out.write_text(text)

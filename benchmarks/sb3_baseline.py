@@ -8,7 +8,9 @@
 Hyperparameters are rl-baselines3-zoo's (hyperparams/ppo.yml, sac.yml). PPO runs for the zoo's
 n_timesteps, because its linear schedules anneal over exactly that many steps, and stops early once
 the mean return of the last `window` finished training episodes reaches the target (no separate
-evaluation), the rule maze_cli's `eval.interval=0 target_window=<window>` applies. `--max-s` bounds
+evaluation), the rule maze_cli's `eval.interval=0 target_window=<window>` applies; or, with
+`--eval-every N`, once a deterministic evaluation on maze_cli's eval seeds reaches it (maze_cli's
+default rule: it evaluates once an epoch, so N is the env steps of one of its epochs). `--max-s` bounds
 the training time. An optional benchmark dependency (pip install 'maze_cli[bench]'), never a runtime
 one. Prints one JSON line: solved, env steps, training seconds. Whole-process time is measured by the caller.
 """
@@ -58,12 +60,37 @@ def make_model(name: str, seed: int):
     return algo("MlpPolicy", env, seed=seed, device="cpu", **task["hyperparams"])
 
 
+def evaluate(model, env_id: str, seed: int, episodes: int) -> float:
+    """Mean return of `episodes` deterministic episodes on the env seeds maze_cli's evaluation uses for
+    this master seed (maze_cli.seeding), one after another in one env, as maze_cli's rule b judges."""
+    import gymnasium as gym
+
+    from maze_cli.seeding import derive_seeds
+
+    normalizer = model.get_vec_normalize_env()
+    env, returns = gym.make(env_id), []
+    for env_seed in derive_seeds(seed, "eval_env", episodes):
+        obs, _ = env.reset(seed=env_seed)
+        done, total = False, 0.0
+        while not done:
+            action, _ = model.predict(normalizer.normalize_obs(obs) if normalizer else obs, deterministic=True)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    env.close()
+    return sum(returns) / len(returns)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("task", choices=sorted(TASKS))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-s", type=float, help="stop, unsolved, after this many seconds of training")
     parser.add_argument("--total-timesteps", type=int, help="override the task's total (a quick check; changes the schedules)")
+    parser.add_argument("--eval-every", type=int, help="judge by evaluation instead (maze_cli's default rule): every this many env "
+                        "steps, --eval-episodes deterministic episodes on maze_cli's eval seeds for --seed")
+    parser.add_argument("--eval-episodes", type=int, default=10)
     args = parser.parse_args()
     from stable_baselines3.common.callbacks import BaseCallback
 
@@ -75,11 +102,20 @@ def main() -> None:
 
         solved = False
 
+        evaluations = 0
+
         def _on_step(self) -> bool:
-            episodes = [info["r"] for info in self.model.ep_info_buffer][-task["window"]:]
-            if len(episodes) >= task["window"] and sum(episodes) / len(episodes) >= task["target"]:
-                StopAtTarget.solved = True
-                return False
+            if args.eval_every:
+                if self.model.num_timesteps // args.eval_every > StopAtTarget.evaluations:
+                    StopAtTarget.evaluations += 1
+                    if evaluate(self.model, task["env"], args.seed, args.eval_episodes) >= task["target"]:
+                        StopAtTarget.solved = True
+                        return False
+            else:
+                episodes = [info["r"] for info in self.model.ep_info_buffer][-task["window"]:]
+                if len(episodes) >= task["window"] and sum(episodes) / len(episodes) >= task["target"]:
+                    StopAtTarget.solved = True
+                    return False
             return args.max_s is None or time.perf_counter() - start < args.max_s
 
     model = make_model(args.task, args.seed)
