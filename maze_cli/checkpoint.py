@@ -23,7 +23,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from maze_cli.errors import CheckpointError
+from maze_cli.errors import CheckpointError, first_line
 
 FORMAT = "maze_cli.checkpoint"
 VERSION = 2  # 1: the pickled format of maze_cli 0.1 (objects, not data); 2: plain data
@@ -67,7 +67,7 @@ def load_checkpoint(path: Path | str, trust: bool = False, where: str | None = N
 
 
 def _unreadable_message(where: str, err: Exception) -> str:
-    return f"{where}: truncated or corrupt checkpoint ({type(err).__name__}: {str(err).strip().splitlines()[0]})"
+    return f"{where}: truncated or corrupt checkpoint ({type(err).__name__}: {first_line(err)})"
 
 
 def _unsafe_message(path: Path, where: str, err: Exception) -> str:
@@ -135,7 +135,7 @@ def policy_from_payload(payload: dict[str, Any], trusted: Iterable[str] = (), tr
     try:
         policy.load_state_dict(weights)
     except RuntimeError as err:
-        raise CheckpointError(f"{where}: its weights do not fit its policy blueprint ({str(err).splitlines()[0]})") from None
+        raise CheckpointError(f"{where}: its weights do not fit its policy blueprint ({first_line(err)})") from None
     return policy
 
 

@@ -7,6 +7,12 @@ command-line entry points recognise them by type and exit with the error's `exit
 from __future__ import annotations
 
 
+def first_line(message: object) -> str:
+    """The first non-blank line of an error or message, stripped ("" if there is none): what a
+    one-line report quotes of a longer message."""
+    return next((line.strip() for line in str(message).splitlines() if line.strip()), "")
+
+
 class MazeCliError(Exception):
     """An error whose message is complete in one line (or a few, for an actor's traceback)."""
 

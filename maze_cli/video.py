@@ -16,6 +16,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from torch import nn
 
+from maze_cli.errors import first_line
+
 log = logging.getLogger("maze_cli")
 FPS = 30
 _said_gif = False
@@ -98,8 +100,8 @@ class EvalVideos:
         try:
             frames = record_episode(self.env_factory, policy, self.seed, device=self.device)
         except Exception as err:  # noqa: BLE001 - no renderer, no rgb_array mode: any of them
-            log.warning(f"eval.video=true: the env cannot render rgb_array frames ({type(err).__name__}: "
-                        f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); no videos, training goes on")
+            log.warning(f"eval.video=true: the env cannot render rgb_array frames ({type(err).__name__}: {first_line(err)}); "
+                        f"no videos, training goes on")
             self.enabled = False
             return None
         path = write_video(frames, self.directory / f"epoch_{epoch}.mp4")

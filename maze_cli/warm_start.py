@@ -15,7 +15,7 @@ from typing import Any, Iterable
 from torch import nn
 
 from maze_cli.checkpoint import load_checkpoint, policy_from_payload
-from maze_cli.errors import ConfigError
+from maze_cli.errors import ConfigError, first_line
 from maze_cli.policies.blueprint import check_spaces
 
 NORMALIZER_PREFIX = "obs_normalizer."  # the observation statistics inside an actor-critic's state
@@ -39,7 +39,7 @@ def warm_start(learner: Any, path: str, optimizer: bool = False, normalizer: boo
         except (KeyError, ValueError, RuntimeError) as err:
             written_by = (payload.get("config") or {}).get("algorithm", {}).get("_target_", "another algorithm")
             raise ConfigError(f"{where}: init_from.optimizer=true, but the checkpoint's optimizer state (written by "
-                              f"{written_by}) does not fit this run's learner ({_first_line(err)}); "
+                              f"{written_by}) does not fit this run's learner ({first_line(err) or type(err).__name__}); "
                               f"leave init_from.optimizer=false to take the policy only") from None
     if normalizer and getattr(learner, "reward_scaler", None) is not None and "reward_scaler" in learner_state:
         learner.reward_scaler.load_state_dict(learner_state["reward_scaler"])
@@ -65,9 +65,4 @@ def _policy_weights(theirs: dict[str, Any], ours: dict[str, Any], normalizer: bo
                               f"{tuple(theirs[key].shape)} there and {tuple(ours[key].shape)} here "
                               f"(policy.* must be as in the checkpoint's run)")
     return theirs
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 

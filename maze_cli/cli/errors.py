@@ -8,13 +8,9 @@ from hydra.errors import ConfigCompositionException, MissingConfigException, Ove
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from maze_cli.config.schema import expected_type, known_keys, suggest
-from maze_cli.errors import MazeCliError
+from maze_cli.errors import MazeCliError, first_line
 
 HYDRA_INPUT_ERRORS = (ConfigCompositionException, MissingConfigException, OverrideParseException)
-
-
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in str(text).splitlines() if line.strip()), "")
 
 
 def _unknown_key(full_key: str, argv: list[str]) -> str:
@@ -41,24 +37,24 @@ def explain(err: BaseException, argv: list[str]) -> str | None:
         options = ", ".join(sorted(o for o in err.options or [] if not o.endswith("_schema")))  # schemas are not choices
         if group:
             return f"{group}={name}: no such {group} config; available: {options}"
-        return _first_line(str(err))
+        return first_line(str(err))
     if isinstance(err, OverrideParseException):
-        return f"cannot parse the override '{err.override}': {_first_line(err.message)}"
+        return f"cannot parse the override '{err.override}': {first_line(err.message)}"
     if isinstance(err, ConfigCompositionException):
         cause = err.__cause__ or err.__context__
         if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.full_key:
             return _unknown_key(str(cause.full_key), argv)
         if isinstance(cause, ConfigKeyError) and str(err).startswith("In '"):  # a config file's own key
             where = str(err).split("'")[1]
-            return (f"{where}: {_first_line(cause.msg)} (a config that extends a packaged schema takes only its keys; "
+            return (f"{where}: {first_line(cause.msg)} (a config that extends a packaged schema takes only its keys; "
                     f"drop the schema from its defaults list to pass your class's own arguments)")
         if isinstance(cause, ValidationError) and cause.full_key and dataclasses.is_dataclass(cause.object_type):
             shown = "" if cause.value is None else f"={cause.value}"
             return f"{cause.full_key}{shown}: expected {expected_type(cause.object_type, str(cause.key))}"
         if isinstance(cause, OmegaConfBaseException):
             key = getattr(cause, "full_key", None)
-            return f"{key}: {_first_line(cause.msg)}" if key else _first_line(str(cause))
-        return _first_line(str(err))
+            return f"{key}: {first_line(cause.msg)}" if key else first_line(str(cause))
+        return first_line(str(err))
     return None
 
 

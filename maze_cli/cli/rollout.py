@@ -14,7 +14,7 @@ from typing import List, Optional
 from omegaconf import MISSING, OmegaConf
 
 from maze_cli.config.schema import _f, validate_section
-from maze_cli.errors import ConfigError, MazeCliError
+from maze_cli.errors import ConfigError, MazeCliError, first_line
 
 
 @dataclass
@@ -98,8 +98,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
         try:
             frames = record_episode(EnvFactory.for_policy(render_env_config(env_config), policy_config), policy, seeds[0], cfg.deterministic)
         except Exception as err:  # most often a missing renderer (pygame): say so in one line
-            raise ConfigError(f"video=true: the env cannot render rgb_array frames ({type(err).__name__}: "
-                              f"{str(err).strip().splitlines()[0] if str(err).strip() else ''})") from None
+            raise ConfigError(f"video=true: the env cannot render rgb_array frames ({type(err).__name__}: {first_line(err)})") from None
         out = write_video(frames, Path(cfg.video_path) if cfg.video_path else path.parent.parent / "videos" / "rollout.mp4")
         print(f"wrote {out} ({len(frames)} frames)")
     return {"return_mean": mean, "return_std": std}

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
 
-from maze_cli.errors import ConfigError
+from maze_cli.errors import ConfigError, first_line
 
 
 CORE_INPUTS = ("obs", "prev_action", "prev_reward")
@@ -401,7 +401,7 @@ def check_arguments(section: str, values: DictConfig | dict, passed: tuple[str, 
         obj = get_object(target)
     except Exception as err:  # noqa: BLE001 - an import error of any kind is the user's to fix
         cause = err.__cause__ or err
-        raise ConfigError(f"{section}._target_={target}: cannot import it ({type(cause).__name__}: {_first_line(cause)})") from None
+        raise ConfigError(f"{section}._target_={target}: cannot import it ({type(cause).__name__}: {first_line(cause)})") from None
     try:
         parameters = inspect.signature(obj).parameters
     except (TypeError, ValueError):
@@ -412,10 +412,6 @@ def check_arguments(section: str, values: DictConfig | dict, passed: tuple[str, 
     for key in values:
         if key != "_target_" and key not in names and key not in OWN_KEYS.get(section, ()):
             raise ConfigError(f"{section}.{key}: unknown key{suggest(str(key), names)}; {target} takes: {', '.join(names)}")
-
-
-def _first_line(err: BaseException) -> str:
-    return next((line.strip() for line in str(err).splitlines() if line.strip()), "")
 
 
 class NoEnvError(ConfigError):

@@ -11,7 +11,7 @@ import gymnasium as gym
 
 from maze_cli.envs.core_inputs import PreviousActionReward, adds_inputs
 from maze_cli.envs.spaces import UnsupportedSpaceError, action_spec, observation_specs
-from maze_cli.errors import ConfigError
+from maze_cli.errors import ConfigError, first_line
 
 __all__ = ["EnvFactory", "EnvConfigError", "UnsupportedSpaceError"]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -172,7 +172,7 @@ class EnvFactory:
         except Exception as err:  # anything the env's own constructor raises is a config problem here
             cause = err.__cause__ if err.__cause__ is not None and "Error in call to target" in str(err) else err
             what = f"env._target_={self.config['_target_']}" if self.config.get("_target_") else f"env.id={self.config['id']}"
-            raise EnvConfigError(f"{what}: {type(cause).__name__}: {str(cause).strip().splitlines()[0]}") from err
+            raise EnvConfigError(f"{what}: {type(cause).__name__}: {first_line(cause)}") from err
         try:
             observation_specs(env.observation_space)
             action_spec(env.action_space)
