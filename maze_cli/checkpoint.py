@@ -177,9 +177,9 @@ class Checkpointer:
         if self.trainer.epoch % self.interval == 0:
             self.save_last("running")
 
-    def restore(self, trust: bool = False) -> None:
-        """Continue from `last.pt`: learner, counters, RNG states and, if saved, the replay buffer."""
-        state = load_checkpoint(self.directory / "last.pt", trust, where=f"resume={self.directory.parent}")
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from `state`, the run's `last.pt` as load_checkpoint read it: learner, counters,
+        RNG states and, if saved, the replay buffer."""
         self.run.learner.load_state_dict(state["learner"])
         self.trainer.load_state_dict(state["trainer"])
         set_rng_states(state["rng"])

@@ -75,8 +75,13 @@ def run_train(cfg: DictConfig) -> dict:
     if cfg.get("resume"):
         cfg = _resumed_config(cfg)
     settings = validate(cfg, _env_options())
+    resumed_from = None  # last.pt of the run to resume, read once
     if settings.train.resume:
-        finished = _finished(Path(settings.train.resume), settings.train)
+        from maze_cli.checkpoint import load_checkpoint
+
+        run_dir = Path(settings.train.resume)
+        resumed_from = load_checkpoint(run_dir / "checkpoints" / "last.pt", settings.train.trust_checkpoint, where=f"resume={run_dir}")
+        finished = _finished(resumed_from, run_dir, settings.train)
         if finished is not None:
             print(finished)  # not logged: train.log stays as it was
             return {"stop_reason": "finished", "env_steps": None, "time_s": 0.0}
@@ -107,13 +112,13 @@ def run_train(cfg: DictConfig) -> dict:
     config = OmegaConf.to_container(cfg, resolve=True)
 
     seed_everything(derive_seed(t.seed, "learner"))
-    run = build_run(settings, env_factory, observation_space, action_space, trusted_targets(config), t.trust_checkpoint)
+    trusted = trusted_targets(config)
+    run = build_run(settings, env_factory, observation_space, action_space, trusted, t.trust_checkpoint)
     warm_started = bool(t.init_from.path) and not t.resume  # a resumed run has its own weights
     if warm_started:
         from maze_cli.warm_start import warm_start
 
-        start = warm_start(run.learner, t.init_from.path, t.init_from.optimizer, t.init_from.normalizer,
-                           trusted_targets(config), t.trust_checkpoint)
+        start = warm_start(run.learner, t.init_from.path, t.init_from.optimizer, t.init_from.normalizer, trusted, t.trust_checkpoint)
         best = (start.get("trainer") or {}).get("best_eval")
         log.info(f"init_from={t.init_from.path}: the policy starts from the checkpoint's weights"
                  f"{'' if best is None else f' (its best eval return: {best:.1f})'}")
@@ -134,7 +139,7 @@ def run_train(cfg: DictConfig) -> dict:
     checkpointer = Checkpointer(run_dir / "checkpoints", run, trainer, config, t.checkpoint.interval, t.checkpoint.replay_buffer)
     trainer.on_epoch_end = checkpointer.on_epoch_end
     if t.resume:
-        checkpointer.restore(t.trust_checkpoint)
+        checkpointer.restore(resumed_from)
         dropped = jsonl.rewind(trainer.epoch, trainer.env_steps)
         tensorboard.rewind(trainer.epoch, trainer.env_steps)
         log.info(f"resumed {run_dir} at epoch {trainer.epoch}, {trainer.env_steps:,} env steps"
@@ -215,12 +220,9 @@ def _summary_line(result, trained_s: float, best_eval: float | None, checkpoints
             f"({wall_s:.1f} s wall time of this command); {best}")
 
 
-def _finished(run_dir: Path, t) -> str | None:
-    """For `resume=` of a run that already reached its stop condition (under this command's budget):
-    the message saying so and which key would extend it; None if the run has more to do."""
-    from maze_cli.checkpoint import load_checkpoint
-
-    saved = load_checkpoint(run_dir / "checkpoints" / "last.pt", t.trust_checkpoint, where=f"resume={run_dir}")
+def _finished(saved: dict, run_dir: Path, t) -> str | None:
+    """For `resume=` of a run whose last.pt (`saved`) already reached its stop condition (under this
+    command's budget): the message saying so and which key would extend it; None if it has more to do."""
     reason, trainer = saved.get("stop_reason"), saved.get("trainer") or {}
     steps, time_s = trainer.get("env_steps", 0), trainer.get("time_s", 0.0)
     window = trainer.get("window") or []
