@@ -7,8 +7,9 @@ comparable from one evaluation to the next and `best.pt` is chosen on like terms
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Callable
+from typing import Callable, Iterator
 
 import gymnasium as gym
 import numpy as np
@@ -16,6 +17,17 @@ import torch
 from torch import nn
 
 from maze_cli.envs.spaces import ObservationWriter, action_to_env, observation_specs
+
+
+@contextlib.contextmanager
+def eval_mode(policy: nn.Module) -> Iterator[nn.Module]:
+    """The policy in eval mode while the block runs (observation statistics frozen), as it was after."""
+    was_training = policy.training
+    policy.eval()
+    try:
+        yield policy
+    finally:
+        policy.train(was_training)
 
 
 def run_episodes(
@@ -68,12 +80,8 @@ class Evaluator:
         self.device = device
 
     def __call__(self, policy: nn.Module) -> dict[str, float]:
-        was_training = policy.training
-        policy.eval()
-        try:
+        with eval_mode(policy):
             returns, lengths = run_episodes(self.env_factory, policy, self.seeds, device=self.device)
-        finally:
-            policy.train(was_training)
         mean = sum(returns) / len(returns)
         return {
             "eval/return_mean": mean,

@@ -168,6 +168,11 @@ class Trainer:
         stats.jsonl and TensorBoard, and the checkpoint written on the way out counts it."""
         epoch_start, steps_before = time.perf_counter(), self.env_steps
         reason, stats = None, None
+
+        def close_epoch() -> dict[str, Any]:
+            self.epoch += 1
+            return self._epoch_stats(self.time_offset + time.perf_counter() - start, time.perf_counter() - epoch_start, steps_before)
+
         try:
             for _ in range(self.budget.epoch_length):
                 self._one_update()
@@ -175,23 +180,23 @@ class Trainer:
                 reason = self._stop_reason(time.perf_counter() - start)
                 if reason:
                     break
-            self.epoch += 1
-            stats = self._epoch_stats(self.time_offset + time.perf_counter() - start, time.perf_counter() - epoch_start, steps_before)
+            stats = close_epoch()
             if self.evaluate is not None and (self.epoch % self.eval_interval == 0 or reason is not None):
                 reason = self._evaluate_into(stats, reason)
         except KeyboardInterrupt:
             if stats is None and self.env_steps > steps_before:
-                self.epoch += 1
-                stats = self._epoch_stats(self.time_offset + time.perf_counter() - start, time.perf_counter() - epoch_start, steps_before)
+                stats = close_epoch()
             if stats is not None:
-                for writer in self.writers:
-                    writer.write(stats)
+                self._write(stats)
             raise
-        for writer in self.writers:
-            writer.write(stats)
+        self._write(stats)
         if self.on_epoch_end is not None:
             self.on_epoch_end(stats)
         return reason
+
+    def _write(self, stats: dict[str, Any]) -> None:
+        for writer in self.writers:
+            writer.write(stats)
 
     def _evaluate_before_training(self) -> None:
         """Epoch 0: the evaluation of the policy as it starts, written like an epoch's (and eligible
@@ -200,8 +205,7 @@ class Trainer:
         self._evaluate_into(stats, None)
         if "eval/return_mean" in stats:
             log.info(f"before training: eval return {stats['eval/return_mean']:.1f} over the same episodes as every evaluation")
-        for writer in self.writers:
-            writer.write(stats)
+        self._write(stats)
         if self.on_epoch_end is not None:
             self.on_epoch_end(stats)
 

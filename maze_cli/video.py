@@ -37,15 +37,11 @@ def render_env_config(env_config: Mapping[str, Any]) -> dict[str, Any]:
 
 def record_episode(env_factory: Callable, policy: nn.Module, seed: int, deterministic: bool = True, device: str = "cpu") -> list[np.ndarray]:
     """The frames of one episode (one per step), rendered after each step."""
-    from maze_cli.evaluation import run_episodes
+    from maze_cli.evaluation import eval_mode, run_episodes
 
     frames: list[np.ndarray] = []
-    was_training = policy.training
-    policy.eval()
-    try:
+    with eval_mode(policy):
         run_episodes(env_factory, policy, [seed], deterministic, device, on_frame=lambda i, env: frames.append(env.render()))
-    finally:
-        policy.train(was_training)
     if not frames or frames[0] is None:
         raise ValueError("render() returned no rgb_array frame")
     return [np.asarray(f, dtype=np.uint8) for f in frames]

@@ -12,6 +12,7 @@ Where a device has no fused kernel, the multi-tensor (`_foreach`) form of the sa
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterable
 
 import torch
@@ -24,7 +25,7 @@ class Adam:
 
     def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, eps: float = 1e-8, betas: tuple[float, float] = (0.9, 0.999)):
         self.params = [p for p in params if p.requires_grad]
-        self.fused = all(_has_fused_kernel(p.device) for p in self.params)
+        self.fused = all(_has_fused_kernel(device) for device in {p.device for p in self.params})
         self.param_groups: list[dict[str, Any]] = [{
             "params": self.params, "lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0, "amsgrad": False,
             "maximize": False, "foreach": None, "capturable": False, "differentiable": False, "fused": self.fused,
@@ -88,8 +89,10 @@ class Adam:
             self.param_groups[0][key] = tuple(groups[0][key]) if key == "betas" else groups[0][key]
 
 
+@functools.lru_cache(maxsize=None)
 def _has_fused_kernel(device: torch.device) -> bool:
-    """Whether torch has the fused Adam kernel for this device (CPU and CUDA in current torch)."""
+    """Whether torch has the fused Adam kernel for this device (CPU and CUDA in current torch);
+    asked once per device and process."""
     try:
         p = torch.zeros(1, device=device)
         torch._fused_adam_([p], [p.clone()], [torch.zeros_like(p)], [torch.zeros_like(p)], [], [torch.ones((), device=device)],
