@@ -132,7 +132,7 @@ def test_the_console_shows_a_row_at_most_every_interval_and_always_the_last(capl
 
 
 @pytest.mark.parametrize("args,envs,evals", [
-    (["+env=cartpole"], 64, 1),
+    (["+env=cartpole"], 16, 1),
     (["+env=pendulum", "algorithm=sac"], 8, 1),
     (["+env=cartpole", "runner.envs_per_actor=4", "eval.interval=3"], 4, 3),
 ])

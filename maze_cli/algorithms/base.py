@@ -51,6 +51,7 @@ class Run:
     runner: Any
     learner: Any
     blueprint: dict[str, Any]
+    epoch_length: int = 20  # iterations per epoch: set by build_run from the config or the algorithm
 
 
 class Algorithm(abc.ABC):
@@ -58,6 +59,9 @@ class Algorithm(abc.ABC):
 
     envs_per_actor: ClassVar[int] = 1  # what `runner.envs_per_actor: null` becomes
     network_defaults: ClassVar[dict[str, Any]] = {}  # what `policy.<key>: null` becomes
+    # what `epoch_length: null` becomes: iterations per epoch. An epoch is a row of stats and, with
+    # evaluation on, the moment the target is judged, so it should last about a second, not more.
+    epoch_length: ClassVar[int] = 20
 
     @abc.abstractmethod
     def build(self, parts: Components) -> Run:

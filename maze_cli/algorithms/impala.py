@@ -75,7 +75,10 @@ def vtrace(
 class Impala(ImpalaConfig, Algorithm):
     """`algorithm=impala`: actor-critic policy, actors feeding batches of rollouts as they come, V-trace."""
 
-    envs_per_actor = 64  # wide batches cost little with a vectorized env; IMPALA learns from them well
+    # Chosen on a suite (CartPole, Acrobot, a Dict-observation goal task, MinAtar; benchmarks/SUITE.md)
+    # by wall time to the target: 64 was the fastest in env steps/s but the slowest to learn everywhere
+    # except CartPole (4,096 samples an update: too few updates); 8 and 16 tied, 16 with the better worst case.
+    envs_per_actor = 16
     network_defaults = {"activation": "tanh"}
 
     def build(self, parts: Components) -> Run:

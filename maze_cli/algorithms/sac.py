@@ -138,6 +138,7 @@ class Sac(SacConfig, Algorithm):
     """`algorithm=sac`: workers fill a replay buffer; the learner samples from it at `replay_ratio`."""
 
     envs_per_actor = 8  # SAC makes one update per transition: a few envs keep its replay data fresh
+    epoch_length = 4  # an iteration is 64 gradient steps (0.3 s on Pendulum, 2 cores): 20 made 6 s epochs
     network_defaults = {"activation": "relu"}
 
     def build(self, parts: Components) -> Run:

@@ -7,6 +7,7 @@ below this module reads the config.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 from typing import Any, Iterable
@@ -96,7 +97,7 @@ def build_run(settings: Settings, env_factory: EnvFactory, observation_space: gy
         make_replay_buffer=_replay_buffer_factory(settings), device=settings.train.device, seed=seed, load_policy=load_policy,
         max_env_steps=settings.train.max_env_steps,
     )
-    return algorithm.build(parts)
+    return dataclasses.replace(algorithm.build(parts), epoch_length=settings.train.epoch_length or algorithm.epoch_length)
 
 
 def _network_config(settings: Settings, algorithm: Algorithm) -> dict[str, Any]:

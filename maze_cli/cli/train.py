@@ -124,7 +124,7 @@ def run_train(cfg: DictConfig) -> dict:
                  f"{'' if best is None else f' (its best eval return: {best:.1f})'}")
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     evaluator = Evaluator(env_factory, t.eval.episodes, derive_seeds(t.seed, "eval_env", t.eval.episodes), t.device)
-    budget = Budget(t.max_env_steps, t.max_time_s, t.target_return, t.target_window, t.epoch_length)
+    budget = Budget(t.max_env_steps, t.max_time_s, t.target_return, t.target_window, run.epoch_length)
     jsonl, tensorboard = JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")
     files = [ConsoleTable(), jsonl, tensorboard]
     videos = _eval_videos(settings, run_dir, tensorboard)

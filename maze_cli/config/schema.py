@@ -69,7 +69,7 @@ class TrainConfig:
     max_time_s: Optional[float] = _f(None, gt=0)
     target_return: Optional[float] = None
     target_window: int = _f(100, ge=1)
-    epoch_length: int = _f(20, ge=1)
+    epoch_length: Optional[int] = _f(None, ge=1)  # iterations per epoch; None: the algorithm's choice
     device: str = "cpu"
     torch_threads: int = _f(1, ge=1)
     eval: EvalConfig = field(default_factory=EvalConfig)

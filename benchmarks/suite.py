@@ -1,0 +1,146 @@
+"""Choose an algorithm's defaults on a suite of envs, not on one: wall time to a target and return at a
+fixed step budget, for each candidate setting, env and seed.
+
+    python benchmarks/suite.py                                          # IMPALA's defaults as they are
+    python benchmarks/suite.py --candidate defaults= --candidate envs8=runner.envs_per_actor=8
+    python benchmarks/suite.py --envs cartpole goalgrid --seeds 1 2 --out benchmarks/SUITE.md
+
+The suite: CartPole-v1 and Acrobot-v1 (vector observations), GoalGrid (benchmarks/suite_envs.py: a
+7x7 goal-reaching task with Dict observations, agent and goal), MinAtar Breakout (10x10x4 images,
+the CNN policy; needs the `minatar` extra). Each run is one `train` process,
+`eval.interval=0 target_window=100 target_return=<target> max_time_s=<cap>`, and every candidate is
+judged by the same rule:
+
+- time to target: whole-process wall seconds (start-up and shutdown included) until the mean return
+  of the last 100 training episodes reaches the env's target, checked after every iteration;
+  "-" where the time cap came first;
+- return at budget: that window mean at the last epoch within `budget` env steps; "solved" where
+  the run reached the target before the budget.
+
+Candidates run interleaved (seed by seed, env by env), one process at a time, so that a busy
+stretch of the machine falls on all of them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from machine import machine_line
+from runs import TrainRun, run_train
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from suite_envs import optimal_return  # noqa: E402
+
+
+@dataclass(frozen=True)
+class SuiteEnv:
+    overrides: tuple[str, ...]
+    target: float  # mean of the last 100 training episodes
+    budget: int  # env steps at which the return is read
+    cap_s: float  # wall-clock cap of one run's training
+
+
+SUITE = {
+    "cartpole": SuiteEnv(("+env=cartpole",), 475.0, 500_000, 60),
+    "acrobot": SuiteEnv(("+env=acrobot",), -100.0, 500_000, 60),
+    # within one step of the shortest path on average
+    "goalgrid": SuiteEnv(("+env=goalgrid",), optimal_return() - 1.0, 300_000, 60),
+    "minatar": SuiteEnv(("+env=minatar",), 10.0, 2_000_000, 180),
+}
+ENV_CONFIGS = {"goalgrid.yaml": "_target_: suite_envs.GoalGrid\n"}
+
+
+@dataclass
+class Outcome:
+    to_target_s: float  # math.inf: the time cap came first
+    at_budget: float | None  # window mean at the budget; None: solved before it
+    steps: int  # env steps the run took
+
+
+def outcome_of(run: TrainRun, env: SuiteEnv) -> Outcome:
+    rows = run.rows
+    steps = rows[-1]["env_steps"] if rows else 0
+    if run.solved and steps <= env.budget:
+        return Outcome(run.wall_s, None, steps)
+    upto = [r for r in rows if "train/return_window_mean" in r and r["env_steps"] <= env.budget]
+    return Outcome(run.wall_s if run.solved else math.inf, upto[-1]["train/return_window_mean"] if upto else None, steps)
+
+
+def run_one(name: str, extra: list[str], seed: int, workdir: Path, config_dir: Path) -> Outcome:
+    env = SUITE[name]
+    overrides = [*env.overrides, *extra, f"seed={seed}", "eval.interval=0", "target_window=100", f"target_return={env.target}",
+                 f"max_time_s={env.cap_s}", f"hydra.searchpath=[file://{config_dir}]"]
+    return outcome_of(run_train(overrides, workdir, pythonpath=HERE), env)
+
+
+def cell_time(outcomes: list[Outcome]) -> str:
+    times = [o.to_target_s for o in outcomes]
+    text = ", ".join("-" if math.isinf(t) else f"{t:.1f}" for t in times)
+    median = statistics.median(times)
+    return f"{text} (median {'-' if math.isinf(median) else f'{median:.1f}'})"
+
+
+def cell_return(outcomes: list[Outcome], budget: int) -> str:
+    parts = []
+    for o in outcomes:
+        if o.at_budget is None:
+            parts.append(f"solved at {o.steps / 1e3:.0f}k")
+        else:
+            parts.append(f"{o.at_budget:.1f}" if o.steps >= budget else f"{o.at_budget:.1f} at {o.steps / 1e3:.0f}k")
+    return ", ".join(parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--candidate", action="append", default=[],
+                        help="NAME=override[,override...] (NAME= alone: the defaults); repeat for each")
+    parser.add_argument("--algorithm", default="impala")
+    parser.add_argument("--envs", nargs="+", default=list(SUITE), choices=list(SUITE))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--out", type=Path, help="also write the Markdown table here")
+    args = parser.parse_args()
+    candidates = {}
+    for spec in args.candidate or ["defaults="]:
+        name, _, rest = spec.partition("=")
+        candidates[name] = [o for o in rest.split(",") if o]
+    results: dict[tuple[str, str], list[Outcome]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        config_dir = Path(tmp) / "conf"
+        (config_dir / "env").mkdir(parents=True)
+        for file, text in ENV_CONFIGS.items():
+            (config_dir / "env" / file).write_text(text)
+        for seed in args.seeds:
+            for env in args.envs:
+                for name, extra in candidates.items():
+                    run_dir = Path(tmp) / f"{name}-{env}-{seed}"
+                    o = run_one(env, [f"algorithm={args.algorithm}", *extra], seed, run_dir, config_dir)
+                    results.setdefault((name, env), []).append(o)
+                    print(f"{name} {env} seed {seed}: to target {o.to_target_s:.1f}s, at budget {o.at_budget}, "
+                          f"{o.steps:,} steps", file=sys.stderr, flush=True)
+    lines = [f"algorithm={args.algorithm}, seeds {', '.join(map(str, args.seeds))}; {machine_line()}", "",
+             "Whole-process seconds to the target (mean of the last 100 training episodes), per seed:", "",
+             "| candidate | " + " | ".join(f"{e} (>= {SUITE[e].target:g})" for e in args.envs) + " |",
+             "|---|" + "---|" * len(args.envs)]
+    for name in candidates:
+        lines.append(f"| {name} | " + " | ".join(cell_time(results[name, e]) for e in args.envs) + " |")
+    lines += ["", "Mean return of the last 100 training episodes at the step budget, per seed:", "",
+              "| candidate | " + " | ".join(f"{e} at {SUITE[e].budget / 1e3:,.0f}k" for e in args.envs) + " |",
+              "|---|" + "---|" * len(args.envs)]
+    for name in candidates:
+        lines.append(f"| {name} | " + " | ".join(cell_return(results[name, e], SUITE[e].budget) for e in args.envs) + " |")
+    lines += ["", "Candidates: " + "; ".join(f"{n}: {' '.join(o) or '(the defaults)'}" for n, o in candidates.items())]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
