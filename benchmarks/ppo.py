@@ -15,8 +15,9 @@ SB3 runs benchmarks/sb3_baseline.py with rl-zoo's PPO (or SAC) settings for that
 optional `bench` extra: pip install 'maze_cli[bench]'). That is rule (a); `--rule eval` judges both
 sides by rule (b) instead: 10 deterministic evaluation episodes on the same env seeds reach the
 target, maze_cli evaluating once an epoch (its default) and SB3 every as many env steps as that
-maze_cli run's epochs hold (so list the maze_cli method before its SB3 counterpart). Both are timed as whole processes, start-up
-and shutdown included, one run at a time so that no two share the cores. A run that does not reach
+maze_cli run's epochs hold (its counterpart: PPO, APPO or IMPALA for SB3 PPO, SAC for SB3 SAC, whichever
+ran first on the task, so list it before the SB3 method; `--sb3-eval-every N` sets SB3's interval
+instead, e.g. finer than an IMPALA epoch). Both are timed as whole processes, start-up and shutdown included, one run at a time so that no two share the cores. A run that does not reach
 the target counts as infinitely slow in the median.
 
 SAC (`algorithm=sac`) and SB3 SAC run on Pendulum only (rl-zoo has no SAC settings for the discrete
@@ -79,8 +80,9 @@ def overrides(task: str, method: str, seed: int, max_s: float, judge: str) -> li
     return [f"+env={task}", f"algorithm={method}", f"seed={seed}", *judged, f"target_return={target:g}", f"max_time_s={max_s:g}"]
 
 
-# SB3's counterpart of each maze_cli method: under rule "eval" SB3 evaluates as often as that method does
-COUNTERPART = {"sb3": "ppo", "sb3-sac": "sac"}
+# The maze_cli methods each SB3 method is compared with; under rule "eval" SB3 evaluates as often as
+# the first of them that ran on the task does (so list the maze_cli method first)
+COUNTERPARTS = {"sb3": ("ppo", "appo", "impala"), "sb3-sac": ("sac",)}
 
 
 def applies(task: str, method: str) -> bool:
@@ -88,19 +90,26 @@ def applies(task: str, method: str) -> bool:
     return method not in ("sac", "sb3-sac") or task in SAC_TASKS
 
 
+def sb3_eval_every(task: str, method: str, epoch_steps: dict[tuple[str, str], int]) -> int:
+    """SB3's evaluation interval under rule "eval": one epoch of the first maze_cli counterpart that ran."""
+    for (ran_task, ran_method), steps in epoch_steps.items():
+        if ran_task == task and ran_method in COUNTERPARTS[method]:
+            return steps
+    raise SystemExit(f"--rule eval: run one of {', '.join(COUNTERPARTS[method])} on {task} before {method} "
+                     "(its epoch sets SB3's evaluation interval), or give --sb3-eval-every")
+
+
 def run_one(task: str, method: str, seed: int, max_s: float, workdir: Path, judge: str = "window",
-            epoch_steps: dict[tuple[str, str], int] | None = None) -> Outcome:
+            epoch_steps: dict[tuple[str, str], int] | None = None, sb3_every: int | None = None) -> Outcome:
     """One run; a failure is reported and recorded rather than losing the runs before it. Under rule
     "eval", a maze_cli run records its epoch's env steps in `epoch_steps`, and its SB3 counterpart
-    evaluates every that many steps, on the same 10 episode seeds."""
+    evaluates every that many steps (or every `sb3_every`), on the same 10 episode seeds."""
     epoch_steps = {} if epoch_steps is None else epoch_steps
     try:
         if method in ("sb3", "sb3-sac"):
             extra = []
             if judge == "eval":
-                every = epoch_steps.get((task, COUNTERPART[method]))
-                if every is None:
-                    raise SystemExit(f"--rule eval: run {COUNTERPART[method]} on {task} too (its epoch sets SB3's evaluation interval)")
+                every = sb3_every or sb3_eval_every(task, method, epoch_steps)
                 extra = ["--eval-every", str(every), "--eval-episodes", "10"]
             return Outcome(*sb3_run(TASKS[task] if method == "sb3" else SAC_TASKS[task], seed, max_s, extra))
         run = run_train(overrides(task, method, seed, max_s, judge), workdir / f"{task}-{method}-{seed}",
@@ -114,7 +123,8 @@ def run_one(task: str, method: str, seed: int, max_s: float, workdir: Path, judg
         return Outcome(math.nan, False, failed=True)
 
 
-def run_all(tasks: list[str], methods: list[str], seeds: list[int], max_s: float, judge: str = "window") -> dict[tuple[str, str], list[Outcome]]:
+def run_all(tasks: list[str], methods: list[str], seeds: list[int], max_s: float, judge: str = "window",
+            sb3_every: int | None = None) -> dict[tuple[str, str], list[Outcome]]:
     """Every (task, method) over the seeds, one run at a time, a progress line after each."""
     results: dict[tuple[str, str], list[Outcome]] = {}
     epoch_steps: dict[tuple[str, str], int] = {}
@@ -123,7 +133,7 @@ def run_all(tasks: list[str], methods: list[str], seeds: list[int], max_s: float
             for method in (m for m in methods if applies(task, m)):
                 results[task, method] = []
                 for seed in seeds:
-                    outcome = run_one(task, method, seed, max_s, Path(tmp), judge, epoch_steps)
+                    outcome = run_one(task, method, seed, max_s, Path(tmp), judge, epoch_steps, sb3_every)
                     results[task, method].append(outcome)
                     print(f"{task} {method} seed {seed}: {outcome.wall_s:.1f} s, "
                           f"{'failed' if outcome.failed else 'solved' if outcome.solved else 'not solved'}",
@@ -144,12 +154,13 @@ def method_name(method: str) -> str:
     return sb3.get(method, f"maze_cli `algorithm={method}`")
 
 
-def rule_line(tasks: list[str], judge: str = "window") -> str:
+def rule_line(tasks: list[str], judge: str = "window", sb3_every: int | None = None) -> str:
     if judge == "eval":
+        every = f"{sb3_every:,} env steps" if sb3_every else "as many env steps as one maze_cli epoch of its counterpart holds"
         targets = "; ".join(f"{SB3_TASKS[TASKS[t]]['env']} >= {rule(t)[0]:g}" for t in tasks)
         return ("Stopping rule (b), the same on both sides: the mean return of 10 deterministic evaluation episodes on the same "
                 "env seeds (maze_cli's eval seeds for the run's seed) reaches the target; maze_cli evaluates once an epoch "
-                f"(its default), SB3 every as many env steps as one maze_cli epoch of its counterpart holds: {targets}.")
+                f"(its default), SB3 every {every}: {targets}.")
     parts = []
     for task in tasks:
         target, window = rule(task)
@@ -167,10 +178,11 @@ def times_table(results: dict[tuple[str, str], list[Outcome]], seeds: list[int])
 
 
 def ratio_table(results: dict[tuple[str, str], list[Outcome]], tasks: list[str]) -> list[str]:
-    """maze_cli's median over SB3's for each pair that ran: PPO against SB3 PPO, SAC against SB3 SAC."""
+    """maze_cli's median over SB3's for each pair that ran: PPO, APPO and IMPALA against SB3 PPO, SAC against SB3 SAC."""
     lines = ["| task | maze_cli | median s | SB3 | median s | ratio | goal | met |", "|---|---|---:|---|---:|---:|---:|:---:|"]
     for task in tasks:
-        for ours_method, theirs_method in (("ppo", "sb3"), ("sac", "sb3-sac")):
+        pairs = [(ours, theirs) for theirs, counterparts in COUNTERPARTS.items() for ours in counterparts]
+        for ours_method, theirs_method in pairs:
             if (task, ours_method) not in results or (task, theirs_method) not in results:
                 continue
             ours, theirs = median(results[task, ours_method]), median(results[task, theirs_method])
@@ -182,9 +194,10 @@ def ratio_table(results: dict[tuple[str, str], list[Outcome]], tasks: list[str])
     return lines if len(lines) > 2 else []
 
 
-def report(results: dict[tuple[str, str], list[Outcome]], tasks: list[str], seeds: list[int], max_s: float, judge: str = "window") -> str:
+def report(results: dict[tuple[str, str], list[Outcome]], tasks: list[str], seeds: list[int], max_s: float, judge: str = "window",
+           sb3_every: int | None = None) -> str:
     out = [f"## Against Stable-Baselines3, rule ({'a' if judge == 'window' else 'b'}), {datetime.date.today()}", "", machine_line(), "",
-           rule_line(tasks, judge), "",
+           rule_line(tasks, judge, sb3_every), "",
            f"Whole-process wall seconds, start-up and shutdown included; each run capped at {max_s:g} s of training; "
            "an unsolved run counts as infinitely slow in the median.", "", *times_table(results, seeds)]
     ratios = ratio_table(results, tasks)
@@ -202,10 +215,12 @@ def main() -> None:
     parser.add_argument("--rule", choices=["window", "eval"], default="window",
                         help="window: (a) the last N training episodes, both sides; eval: (b) 10 deterministic evaluation "
                              "episodes on the same seeds, both sides")
+    parser.add_argument("--sb3-eval-every", type=int, help="rule (b): SB3 evaluates every this many env steps instead of "
+                                                               "as often as its maze_cli counterpart")
     parser.add_argument("--out", type=Path, help="also write the Markdown here")
     args = parser.parse_args()
-    results = run_all(args.tasks, args.methods, args.seeds, args.max_s, args.rule)
-    text = report(results, args.tasks, args.seeds, args.max_s, args.rule)
+    results = run_all(args.tasks, args.methods, args.seeds, args.max_s, args.rule, args.sb3_eval_every)
+    text = report(results, args.tasks, args.seeds, args.max_s, args.rule, args.sb3_eval_every)
     print(text)
     if args.out:
         args.out.write_text(text)

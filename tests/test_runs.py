@@ -1,6 +1,7 @@
 """Runs a user can trust: evaluation, checkpoints, interruption and resume, rollout, sweeps."""
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -30,8 +31,15 @@ def start_train(*overrides, run_dir=None, sigint_ignored: bool = False):
     return proc, tag
 
 
+def rows_so_far(run_dir) -> list[dict]:
+    """The rows of a running run's stats.jsonl, without a last line caught half written."""
+    path = run_dir / "stats.jsonl"
+    text = path.read_text() if path.is_file() else ""
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
+
+
 def wait_for_epochs(run_dir, n, timeout=60):
-    return wait_until(lambda: (run_dir / "stats.jsonl").is_file() and len(read_stats(run_dir)) >= n, timeout=timeout)
+    return wait_until(lambda: len(rows_so_far(run_dir)) >= n, timeout=timeout)
 
 
 def test_evaluation_runs_every_interval_and_best_checkpoint_follows_it(tmp_path):
@@ -106,7 +114,8 @@ def test_kill_int_stops_a_run_started_with_sigint_ignored(tmp_path):
 
 
 def last_epoch(run_dir) -> int:
-    return read_stats(run_dir)[-1]["epoch"] if (run_dir / "stats.jsonl").is_file() and read_stats(run_dir) else 0
+    rows = rows_so_far(run_dir)
+    return rows[-1]["epoch"] if rows else 0
 
 
 @pytest.mark.slow
