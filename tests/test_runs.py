@@ -38,8 +38,16 @@ def rows_so_far(run_dir) -> list[dict]:
     return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
 
-def wait_for_epochs(run_dir, n, timeout=60):
-    return wait_until(lambda: len(rows_so_far(run_dir)) >= n, timeout=timeout)
+def wait_for_epoch(proc, run_dir, epoch, timeout=60) -> None:
+    """Wait until the run's stats reach `epoch`, else fail saying why: the process's exit code and
+    output tell a run that crashed (on a resume, say) from one that hangs."""
+    if wait_until(lambda: last_epoch(run_dir) >= epoch, timeout=timeout):
+        return
+    if proc.poll() is None:
+        proc.kill()
+    out, err = proc.communicate(timeout=30)
+    pytest.fail(f"epoch {epoch} not reached in {timeout} s (last: {last_epoch(run_dir)}, exit code {proc.returncode})\n"
+                f"stdout: {out[-1500:]}\nstderr: {err[-3000:]}")
 
 
 def test_evaluation_runs_every_interval_and_best_checkpoint_follows_it(tmp_path):
@@ -74,7 +82,7 @@ def test_the_target_is_judged_on_evaluation_when_it_is_on(tmp_path):
 def test_a_run_interrupted_by_sigint_resumes_its_step_count_and_improves(tmp_path):
     run_dir = tmp_path / "run"
     proc, tag = start_train("+env=cartpole", "runner=subproc", "target_return=null", "max_env_steps=10000000", run_dir=run_dir)
-    assert wait_for_epochs(run_dir, 3)
+    wait_for_epoch(proc, run_dir, 3)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
@@ -105,7 +113,7 @@ def test_kill_int_stops_a_run_started_with_sigint_ignored(tmp_path):
     run_dir = tmp_path / "run"
     proc, tag = start_train("+env=cartpole", "runner=subproc", "target_return=null", "max_env_steps=10000000", run_dir=run_dir,
                             sigint_ignored=True)
-    assert wait_for_epochs(run_dir, 2)
+    wait_for_epoch(proc, run_dir, 2)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
@@ -131,7 +139,7 @@ def test_every_trained_epoch_appears_once_across_three_interrupts_and_resumes(tm
     for i, sig in enumerate((signal.SIGINT, signal.SIGKILL, signal.SIGTERM)):
         proc, tag = start_train(*first, run_dir=run_dir) if i == 0 else start_train(f"resume={run_dir}")
         target = last_epoch(run_dir) + 4
-        assert wait_until(lambda: last_epoch(run_dir) >= target, timeout=90)
+        wait_for_epoch(proc, run_dir, target, timeout=90)
         time.sleep(rng.uniform(0.0, 1.0))  # a random moment: inside an update, an evaluation or a write
         proc.send_signal(sig)
         proc.communicate(timeout=30)
@@ -173,7 +181,7 @@ def test_resume_refuses_to_change_anything_but_the_budget(tmp_path):
 def test_sigterm_stops_the_run_with_143_and_a_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     proc, tag = start_train("+env=cartpole", "runner=subproc", "target_return=null", "max_env_steps=10000000", run_dir=run_dir)
-    assert wait_for_epochs(run_dir, 1)
+    wait_for_epoch(proc, run_dir, 1)
     start = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
@@ -270,7 +278,7 @@ def test_thirty_actor_kills_at_random_moments_never_stall_the_learner(tmp_path):
     run_dir = tmp_path / "run"
     proc, tag = start_train("+env=cartpole", "runner=subproc", "runner.n_actors=4", "runner.envs_per_actor=8", "runner.max_restarts=60",
                             "target_return=null", "max_env_steps=100000000", "eval.interval=0", "epoch_length=4", run_dir=run_dir)
-    assert wait_for_epochs(run_dir, 2)
+    wait_for_epoch(proc, run_dir, 2)
     kills = 0
     while kills < 30:
         actors = actor_pids(proc.pid)
@@ -282,7 +290,7 @@ def test_thirty_actor_kills_at_random_moments_never_stall_the_learner(tmp_path):
                 pass
         time.sleep(rng.uniform(0.02, 0.4))
     settled = last_epoch(run_dir) + 3
-    assert wait_until(lambda: last_epoch(run_dir) >= settled, timeout=60)
+    wait_for_epoch(proc, run_dir, settled)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from maze_cli.stats.writers import read_rows
 
 
 def read_stats(run_dir: Path) -> list[dict]:
-    path = run_dir / "stats.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The run's epoch rows (a row a crash cut short is skipped)."""
+    return read_rows(run_dir / "stats.jsonl")
 
 
 def write_learning_curve(run_dir: Path) -> Path | None:

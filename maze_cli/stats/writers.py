@@ -18,6 +18,23 @@ class StatsWriter(Protocol):
     def close(self) -> None: ...
 
 
+def parse_row(line: str) -> dict[str, Any] | None:
+    """One row of stats.jsonl; None for a blank line or one a crash cut short (power loss, a kill
+    in the middle of a write), which every reader skips instead of failing on."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """Every whole row of a stats.jsonl file (none if it does not exist)."""
+    if not path.is_file():
+        return []
+    return [row for row in map(parse_row, path.read_text(encoding="utf-8").splitlines()) if row is not None]
+
+
 class JsonlWriter:
     """One JSON object per epoch, flushed at once, so a crash loses at most the current epoch."""
 
@@ -29,14 +46,15 @@ class JsonlWriter:
         """On resume: drop the rows after the checkpoint's `epoch` (a run killed between checkpoints
         trains those epochs again); returns how many were dropped. The file is rewritten atomically."""
         self.file.close()
-        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
-        kept = [line for line in lines if line.strip() and json.loads(line).get("epoch", 0) <= epoch]
-        if len(kept) != len(lines):
+        text = self.path.read_text(encoding="utf-8")
+        rows = [(line, parse_row(line)) for line in text.splitlines()]
+        kept = [line + "\n" for line, row in rows if row is not None and row.get("epoch", 0) <= epoch]
+        if "".join(kept) != text:  # rows after the checkpoint, or a line a crash cut short
             tmp = self.path.with_name(f".{self.path.name}.tmp")
             tmp.write_text("".join(kept), encoding="utf-8")
             tmp.replace(self.path)
         self.file = open(self.path, "a", encoding="utf-8")
-        return len(lines) - len(kept)
+        return sum(1 for _, row in rows if row is not None) - len(kept)
 
     def write(self, stats: dict[str, Any]) -> None:
         self.file.write(json.dumps(stats, allow_nan=False, default=float) + "\n")

@@ -1,0 +1,48 @@
+"""stats.jsonl after a crash: a last line cut short never stops a resume, a learning curve or a sweep summary."""
+
+import json
+
+from maze_cli.stats.plots import read_stats, write_learning_curve
+from maze_cli.stats.writers import JsonlWriter, read_rows
+
+TORN = '{"epoch": 6, "env_steps": 6000, "train/retu'  # what a kill in the middle of a write could leave
+
+
+def write_rows(path, epochs):
+    writer = JsonlWriter(path)
+    for epoch in epochs:
+        writer.write({"epoch": epoch, "env_steps": 1000 * epoch, "train/return_mean": 10.0 * epoch})
+    writer.close()
+
+
+def test_a_resume_drops_the_rows_after_the_checkpoint_and_a_line_a_crash_cut_short(tmp_path):
+    path = tmp_path / "stats.jsonl"
+    write_rows(path, range(1, 6))
+    with open(path, "a") as f:
+        f.write(TORN)
+    writer = JsonlWriter(path)
+    assert writer.rewind(epoch=4, env_steps=4000) == 1  # row 5; the torn line was never a row
+    writer.write({"epoch": 5, "env_steps": 5000})
+    writer.close()
+    assert [json.loads(line)["epoch"] for line in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
+
+
+def test_a_torn_last_line_after_the_checkpoint_is_dropped_too(tmp_path):
+    path = tmp_path / "stats.jsonl"
+    write_rows(path, range(1, 4))
+    with open(path, "a") as f:
+        f.write(TORN)
+    writer = JsonlWriter(path)
+    assert writer.rewind(epoch=3, env_steps=3000) == 0
+    writer.write({"epoch": 4, "env_steps": 4000})
+    writer.close()
+    assert [row["epoch"] for row in read_rows(path)] == [1, 2, 3, 4] and path.read_text().count("\n") == 4
+
+
+def test_readers_skip_a_torn_line(tmp_path):
+    write_rows(tmp_path / "stats.jsonl", range(1, 4))
+    with open(tmp_path / "stats.jsonl", "a") as f:
+        f.write(TORN)
+    assert [row["epoch"] for row in read_stats(tmp_path)] == [1, 2, 3]
+    assert write_learning_curve(tmp_path) == tmp_path / "learning_curve.png"
+    assert read_rows(tmp_path / "missing.jsonl") == []
