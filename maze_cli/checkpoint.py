@@ -12,6 +12,7 @@ a temp file beside the target and renamed, so a reader never sees a truncated on
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import random
@@ -27,14 +28,26 @@ from maze_cli.errors import CheckpointError, first_line
 
 FORMAT = "maze_cli.checkpoint"
 VERSION = 2  # 1: the pickled format of maze_cli 0.1 (objects, not data); 2: plain data
+_saves = itertools.count()  # a temp file name for each save of this process
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    """Write `payload` to `path` so that a reader never sees a truncated file."""
+    """Write `payload` to `path` so that a reader never sees a truncated file.
+
+    Each save writes a temp file of its own name and renames it. An interrupt (Ctrl-C, SIGTERM)
+    inside torch.save can leave torch's zip writer alive in the traceback, still holding its file;
+    collected later, it writes its closing records there. With one temp name for every save, that
+    file could be the one the next save (the checkpoint on the way out) renames to `path`; with a
+    name per save it is an orphan, unlinked here, whatever is written to it.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save({"format": FORMAT, "version": VERSION, **payload}, tmp)
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{next(_saves)}")
+    try:
+        torch.save({"format": FORMAT, "version": VERSION, **payload}, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_checkpoint(path: Path | str, trust: bool = False, where: str | None = None) -> dict[str, Any]:

@@ -202,3 +202,32 @@ def test_the_initial_sampling_policy_is_the_checkpoints_policy(tmp_path):
     assert type(initial).__name__ == "SacPolicy"
     assert all(torch.equal(v, saved[k]) for k, v in initial.state_dict().items())
     assert not all(torch.equal(v, saved[k]) for k, v in run.learner.policy.state_dict().items())
+
+
+def test_a_save_interrupted_inside_torch_save_leaves_the_next_save_whole(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM can land inside torch.save after it opened its zip writer and before the
+    `with` that would close it: the writer stays alive in the traceback and, when collected, writes
+    its closing records into its file. The checkpoint written on the way out must still read."""
+    import gc
+
+    import maze_cli.checkpoint as checkpoint
+    from torch.serialization import _open_zipfile_writer
+
+    real_save = torch.save
+    left_alive = []
+
+    def save_interrupted_after_opening(obj, f):  # fault injection: the interrupt's worst moment
+        left_alive.append(_open_zipfile_writer(os.fspath(f)))
+        raise KeyboardInterrupt
+
+    path = tmp_path / "last.pt"
+    monkeypatch.setattr(checkpoint.torch, "save", save_interrupted_after_opening)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save_checkpoint(path, {"stop_reason": "running"})
+    monkeypatch.setattr(checkpoint.torch, "save", real_save)
+    checkpoint.save_checkpoint(path, {"stop_reason": "interrupted", "steps": torch.arange(1000)})
+    left_alive.clear()  # the stale writer is collected: it writes its closing records
+    gc.collect()
+    saved = load_checkpoint(path)
+    assert saved["stop_reason"] == "interrupted" and saved["steps"].tolist() == list(range(1000))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
