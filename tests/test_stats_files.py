@@ -46,3 +46,14 @@ def test_readers_skip_a_torn_line(tmp_path):
     assert [row["epoch"] for row in read_stats(tmp_path)] == [1, 2, 3]
     assert write_learning_curve(tmp_path) == tmp_path / "learning_curve.png"
     assert read_rows(tmp_path / "missing.jsonl") == []
+
+
+def test_a_learning_curve_that_cannot_be_written_costs_a_warning_not_the_run(tmp_path, caplog):
+    from maze_cli.stats.plots import start_learning_curve
+
+    write_rows(tmp_path / "stats.jsonl", range(1, 4))
+    (tmp_path / "learning_curve.png").mkdir()  # the file cannot replace a directory
+    thread = start_learning_curve(tmp_path)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert "learning_curve.png not written" in caplog.text

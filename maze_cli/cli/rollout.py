@@ -13,6 +13,7 @@ from typing import List, Optional
 
 from omegaconf import MISSING, OmegaConf
 
+from maze_cli.cli import leave_quickly
 from maze_cli.config.schema import _f, validate_section
 from maze_cli.errors import ConfigError, MazeCliError, first_line
 
@@ -113,6 +114,8 @@ def main() -> None:
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    finally:
+        leave_quickly()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
+from maze_cli.cli import leave_quickly
 from maze_cli.cli.errors import explain, exit_code
 from maze_cli.cli.paths import config_dir
 from maze_cli.config.schema import NoEnvError, register_configs, validate
@@ -98,7 +99,7 @@ def run_train(cfg: DictConfig) -> dict:
     from maze_cli.envs.spaces import describe_space
     from maze_cli.evaluation import Evaluator
     from maze_cli.seeding import derive_seed, derive_seeds, seed_everything
-    from maze_cli.stats.plots import write_learning_curve
+    from maze_cli.stats.plots import start_learning_curve, write_learning_curve
     from maze_cli.stats.writers import ConsoleTable, JsonlWriter, TensorBoardWriter
     from maze_cli.training import Budget, NonFiniteLoss, Trainer
 
@@ -153,11 +154,13 @@ def run_train(cfg: DictConfig) -> dict:
     )
     trackers = build_trackers(settings.logger, run_dir, config)  # last: a failure before it leaves no tracker run open
     trainer.writers += trackers
+    curve = None
     try:
         with run.runner:
             if t.resume:
                 run.runner.broadcast_updated_policy(run.learner.policy.state_dict())
             result = trainer.run()
+            curve = start_learning_curve(run_dir)  # every row is written: drawn while the actors stop
     except NonFiniteLoss as err:
         last = run_dir / "checkpoints" / "last.pt"
         good = f"the last good checkpoint is {last}" if last.exists() else "no checkpoint was written before it"
@@ -172,7 +175,10 @@ def run_train(cfg: DictConfig) -> dict:
     finally:
         for writer in files:
             writer.close()
-        write_learning_curve(run_dir)
+        if curve is None:
+            write_learning_curve(run_dir)
+        else:
+            curve.join()
         for tracker in trackers:  # after the curve: a tracker may upload it
             tracker.close()
     checkpointer.save_last(result.stop_reason)
@@ -313,6 +319,8 @@ def main() -> None:
     except Exception as err:
         _exit_on_user_error(err)
         raise
+    finally:
+        leave_quickly()
 
 
 if __name__ == "__main__":

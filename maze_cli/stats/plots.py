@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from pathlib import Path
 
 from maze_cli.stats.writers import read_rows
+
+log = logging.getLogger("maze_cli")
 
 
 def read_stats(run_dir: Path) -> list[dict]:
@@ -39,3 +43,19 @@ def write_learning_curve(run_dir: Path) -> Path | None:
     plt.close(fig)
     tmp.replace(out)
     return out
+
+
+def start_learning_curve(run_dir: Path) -> threading.Thread:
+    """`write_learning_curve` in a thread, started once the run's last row is written: it draws
+    while the actors stop (which is mostly waiting), so the command ends sooner. Join it before
+    the command ends. A curve that cannot be drawn costs a warning, never the finished run."""
+
+    def draw() -> None:
+        try:
+            write_learning_curve(run_dir)
+        except Exception as err:  # matplotlib, a full disk: the run's results are already saved
+            log.warning(f"learning_curve.png not written: {type(err).__name__}: {err}")
+
+    thread = threading.Thread(target=draw, name="learning-curve")
+    thread.start()
+    return thread
