@@ -107,6 +107,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
 
 def main() -> None:
     """Console script `rollout`."""
+    leave_quickly()
     try:
         run_rollout(_parse(sys.argv[1:]))
     except MazeCliError as err:
@@ -114,8 +115,6 @@ def main() -> None:
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
-    finally:
-        leave_quickly()
 
 
 if __name__ == "__main__":

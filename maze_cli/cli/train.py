@@ -298,6 +298,7 @@ def _hydra_train(cfg: DictConfig) -> dict:
 
 def main() -> None:
     """Console script `train`."""
+    leave_quickly()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # composition errors reach us; we print them for humans
     # A job a script starts in the background inherits SIGINT as ignored: `kill -INT` must still stop it gracefully.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -319,8 +320,6 @@ def main() -> None:
     except Exception as err:
         _exit_on_user_error(err)
         raise
-    finally:
-        leave_quickly()
 
 
 if __name__ == "__main__":
