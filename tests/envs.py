@@ -108,9 +108,12 @@ class FaultOnceEnv(CountingEnv):
         if not self.fault.endswith(where) and not (where == "step" and self.fault in ("sigkill", "hang")):
             return
         self.calls += 1
-        if self.calls != self.after or os.path.exists(self.marker):
+        if self.calls != self.after:
             return
-        open(self.marker, "w").close()
+        try:  # claimed atomically: env instances in several actors reach `after` at the same moment
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
         if self.fault == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         if self.fault == "hang":
