@@ -1,7 +1,6 @@
 """Runs a user can trust: evaluation, checkpoints, interruption and resume, rollout, sweeps."""
 
 import csv
-import json
 import os
 import signal
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from maze_cli.stats.writers import read_rows
 from tests.cli import REPO, TRAIN, run_train
 from tests.helpers import processes_with_env_tag, wait_until
 from tests.test_train import read_stats
@@ -29,13 +29,6 @@ def start_train(*overrides, run_dir=None, sigint_ignored: bool = False):
     proc = subprocess.Popen([str(TRAIN), *overrides, *where], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL, preexec_fn=ignore)
     return proc, tag
-
-
-def rows_so_far(run_dir) -> list[dict]:
-    """The rows of a running run's stats.jsonl, without a last line caught half written."""
-    path = run_dir / "stats.jsonl"
-    text = path.read_text() if path.is_file() else ""
-    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
 
 def wait_for_epoch(proc, run_dir, epoch, timeout=60) -> None:
@@ -122,7 +115,7 @@ def test_kill_int_stops_a_run_started_with_sigint_ignored(tmp_path):
 
 
 def last_epoch(run_dir) -> int:
-    rows = rows_so_far(run_dir)
+    rows = read_rows(run_dir / "stats.jsonl")  # a running run's last line may be caught half written
     return rows[-1]["epoch"] if rows else 0
 
 

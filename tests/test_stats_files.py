@@ -8,18 +8,20 @@ from maze_cli.stats.writers import JsonlWriter, read_rows
 TORN = '{"epoch": 6, "env_steps": 6000, "train/retu'  # what a kill in the middle of a write could leave
 
 
-def write_rows(path, epochs):
+def write_rows(path, epochs, torn: bool = False):
+    """Rows for `epochs`, then (with `torn`) a last line a crash cut short."""
     writer = JsonlWriter(path)
     for epoch in epochs:
         writer.write({"epoch": epoch, "env_steps": 1000 * epoch, "train/return_mean": 10.0 * epoch})
     writer.close()
+    if torn:
+        with open(path, "a") as f:
+            f.write(TORN)
 
 
 def test_a_resume_drops_the_rows_after_the_checkpoint_and_a_line_a_crash_cut_short(tmp_path):
     path = tmp_path / "stats.jsonl"
-    write_rows(path, range(1, 6))
-    with open(path, "a") as f:
-        f.write(TORN)
+    write_rows(path, range(1, 6), torn=True)
     writer = JsonlWriter(path)
     assert writer.rewind(epoch=4, env_steps=4000) == 1  # row 5; the torn line was never a row
     writer.write({"epoch": 5, "env_steps": 5000})
@@ -29,9 +31,7 @@ def test_a_resume_drops_the_rows_after_the_checkpoint_and_a_line_a_crash_cut_sho
 
 def test_a_torn_last_line_after_the_checkpoint_is_dropped_too(tmp_path):
     path = tmp_path / "stats.jsonl"
-    write_rows(path, range(1, 4))
-    with open(path, "a") as f:
-        f.write(TORN)
+    write_rows(path, range(1, 4), torn=True)
     writer = JsonlWriter(path)
     assert writer.rewind(epoch=3, env_steps=3000) == 0
     writer.write({"epoch": 4, "env_steps": 4000})
@@ -40,9 +40,7 @@ def test_a_torn_last_line_after_the_checkpoint_is_dropped_too(tmp_path):
 
 
 def test_readers_skip_a_torn_line(tmp_path):
-    write_rows(tmp_path / "stats.jsonl", range(1, 4))
-    with open(tmp_path / "stats.jsonl", "a") as f:
-        f.write(TORN)
+    write_rows(tmp_path / "stats.jsonl", range(1, 4), torn=True)
     assert [row["epoch"] for row in read_stats(tmp_path)] == [1, 2, 3]
     assert write_learning_curve(tmp_path) == tmp_path / "learning_curve.png"
     assert read_rows(tmp_path / "missing.jsonl") == []
