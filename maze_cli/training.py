@@ -30,13 +30,6 @@ class NonFiniteLoss(FloatingPointError):
         super().__init__(f"{name} became {value}")
 
 
-def check_finite(update: dict[str, float], names: Sequence[str]) -> None:
-    """Raise NonFiniteLoss for the first of `names` in `update` that is NaN or infinite."""
-    for name in names:
-        if name in update and not math.isfinite(update[name]):
-            raise NonFiniteLoss(f"learner/{name}", update[name])
-
-
 class TrainingLoop(Protocol):
     """One algorithm's way of turning experience into updates."""
 

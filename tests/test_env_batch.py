@@ -69,7 +69,7 @@ def test_the_learner_ignores_what_happens_in_autoreset_steps():
         altered.actions[batch.autoreset] = int(garbage) % 2
         altered.rewards[batch.autoreset] = garbage
         altered.behaviour_logp[batch.autoreset] = -garbage
-        return learner.update(altered)["loss"]
+        return float(learner.update(altered)["loss"])
 
     assert loss_with(7.0) == pytest.approx(loss_with(-300.0), abs=1e-6)
 

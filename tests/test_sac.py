@@ -153,7 +153,7 @@ def test_with_policy_cnn_the_critic_loss_alone_trains_the_shared_conv_encoder(ac
     learner.update(batch)
     assert all(not torch.equal(a, b) for a, b in zip(before, encoder.parameters()))  # the critic step moved it
     # With the critic's step switched off, the actor's step moves its head and leaves the encoder be.
-    for group in learner.critic_optimizer.param_groups:
+    for group in learner.groups["critic"].optimizer.param_groups:
         group["lr"] = 0.0
     before = [p.detach().clone() for p in encoder.parameters()]
     head_before = learner.policy.head.weight.detach().clone()

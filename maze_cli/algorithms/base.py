@@ -9,7 +9,7 @@ and factories for the actors and the replay buffer. It never reads the config it
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 import gymnasium as gym
@@ -27,6 +27,8 @@ class Components:
     `network_defaults` filled in where the config left null).
     `load_policy(path, where)` reads a checkpoint's policy, safely (allow-list) and checked against
     this env's spaces; `where` names the config key in its error messages.
+    `learner` holds the options of the shared learner (`maze_cli.learner.Learner`: precision,
+    compile, compile_mode) that an algorithm passes on to its learner unchanged.
     """
 
     env_factory: Any
@@ -39,6 +41,7 @@ class Components:
     seed: int
     load_policy: Callable[[str, str], Any]
     max_env_steps: int | None = None  # the run's budget (what schedules anneal over)
+    learner: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

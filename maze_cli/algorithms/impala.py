@@ -7,16 +7,16 @@ they arrive instead of waiting for on-policy data.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torch import nn
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
 from maze_cli.algorithms.on_policy import ActorCriticLearner, OnPolicyLoop, normalization
 from maze_cli.config.schema import ImpalaConfig
 from maze_cli.policies.actor_critic import ActorCritic
+from maze_cli.policies.base import Observations, State
 from maze_cli.policies.blueprint import policy_blueprint
 from maze_cli.records import Rollout
 
@@ -86,56 +86,61 @@ class Impala(ImpalaConfig, Algorithm):
         normalize_obs, normalize_reward = normalization(self.normalize_obs, self.normalize_reward, parts.action_space)
         kwargs = {"network": parts.network, "shared_network": self.shared_network, "normalize_obs": normalize_obs}
         policy = ActorCritic(parts.observation_space, parts.action_space, **kwargs)
-        learner = ImpalaLearner(policy, self, parts.device, normalize_reward)
+        learner = ImpalaLearner(policy, self, parts.device, normalize_reward, **parts.learner)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps)
         blueprint = policy_blueprint(ActorCritic, parts.observation_space, parts.action_space, kwargs)
         return Run(OnPolicyLoop(actors, learner), actors, learner, blueprint)
 
 
 class ImpalaLearner(ActorCriticLearner):
-    """Owns the actor-critic, its optimizer and the update; knows nothing of actors or backends."""
+    """IMPALA's loss on the shared learner; knows nothing of actors or backends."""
 
-    def update(self, batch: Rollout) -> dict[str, float]:
-        """One gradient step on a time-major batch; returns the learner's stats for this step."""
-        hp = self.hp
-        T = batch.n_steps
-        t0 = time.perf_counter()
-        # One forward pass over all T+1 observations gives V(x_0..x_T): the last row bootstraps.
-        out = self.policy(batch.observations, batch.initial_state, batch.episode_start)
-        params, values_all = out.params[:T], out.values
-        values, bootstrap_value = values_all[:T], values_all[T]
-        dist = self.policy.distribution
-        target_logp = dist.log_prob(params, batch.actions)
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.forward_loss = self.loss_function(self.loss, "IMPALA's loss")
+
+    def update(self, batch: Rollout) -> dict[str, torch.Tensor]:
+        """One gradient step on a time-major batch; returns its metrics (tensors, also recorded for the epoch)."""
+        rewards = self.rewards(batch)
+        discounts = self.hp.gamma * (~batch.dones).float()
         # Autoreset steps are no transitions: averages run over the real steps only. Their value
         # targets never reach real steps, since the step before each ended an episode (discount 0).
         real = (~batch.autoreset).float()
+        loss, metrics = self.forward_loss(batch.observations, batch.initial_state, batch.episode_start, batch.actions,
+                                          batch.behaviour_logp, rewards, discounts, real)
+        metrics["grad_norm"] = self.step({"policy": loss})["policy"]
+        self.watch({"loss": loss})
+        self.updates += 1
+        self.observe(batch)
+        self.record(metrics)
+        return metrics
+
+    def loss(self, observations: Observations, initial_state: State, episode_start: torch.Tensor, actions: torch.Tensor,
+             behaviour_logp: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor, real: torch.Tensor,
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The actor-critic loss with V-trace targets (section 4 of the paper):
+
+            L = -sum_s rho_s A_s log pi(a_s|x_s) + value_coef 0.5 sum_s (v_s - V(x_s))^2 - entropy_coef H(pi(.|x_s))
+
+        averaged over the real steps; `rewards` are already scaled and bootstrapped where truncated."""
+        hp = self.hp
+        T = actions.shape[0]
+        # One forward pass over all T+1 observations gives V(x_0..x_T): the last row bootstraps.
+        out = self.policy(observations, initial_state, episode_start)
+        params, values_all = out.params[:T].float(), out.values.float()
+        values, bootstrap_value = values_all[:T], values_all[T]
+        dist = self.policy.distribution
+        target_logp = dist.log_prob(params, actions)
         n_real = real.sum().clamp(min=1.0)
         entropy = (dist.entropy(params) * real).sum() / n_real
-
-        discounts = hp.gamma * (~batch.dones).float()
-        rewards = self.rewards(batch)
         targets = vtrace(
-            batch.behaviour_logp, target_logp.detach(), rewards, values.detach(), bootstrap_value.detach(),
-            discounts, hp.rho_bar, hp.c_bar,
+            behaviour_logp, target_logp.detach(), rewards, values.detach(), bootstrap_value.detach(), discounts, hp.rho_bar, hp.c_bar,
         )
         policy_loss = -(targets.pg_advantages * target_logp * real).sum() / n_real
         value_loss = 0.5 * ((targets.vs - values).pow(2) * real).sum() / n_real
         loss = policy_loss + hp.value_coef * value_loss - hp.entropy_coef * entropy
-
-        t1 = time.perf_counter()
-        self.optimizer.zero_grad()
-        loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), hp.max_grad_norm)
-        self.optimizer.step()
-        self.updates += 1
-        self.observe(batch)
-        self.timings = {"forward": t1 - t0, "backward": time.perf_counter() - t1}
-        return {
-            "loss": loss.item(),
-            "policy_loss": policy_loss.item(),
-            "value_loss": value_loss.item(),
-            "entropy": entropy.item(),
-            "grad_norm": float(grad_norm),
-            "rho_mean": float(targets.clipped_rhos.mean()),
-            "value_mean": float(values.detach().mean()),
+        metrics = {
+            "loss": loss, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
+            "rho_mean": targets.clipped_rhos.mean(), "value_mean": values.mean(),
         }
+        return loss, {k: v.detach() for k, v in metrics.items()}

@@ -9,33 +9,33 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from maze_cli.algorithms.optim import adam
+from maze_cli.learner import Learner
 from maze_cli.normalization import RewardScaler
 from maze_cli.parallel.distributed_actors import DistributedActors
 from maze_cli.policies.actor_critic import ActorCritic
 from maze_cli.records import Rollout
-from maze_cli.stats.aggregator import EpochStatsAggregator
-from maze_cli.training import check_finite
 
 
-class ActorCriticLearner:
-    """What the learners of IMPALA, PPO and APPO share: the actor-critic on its device, its Adam
-    (maze_cli.algorithms.optim), the reward scaler, the observation
-    statistics' update, and checkpoint state. Subclasses write `update(batch) -> stats`."""
+class ActorCriticLearner(Learner):
+    """What the learners of IMPALA, PPO and APPO share: the actor-critic on the learner's device, its
+    Adam (one parameter group, "policy", its gradient norm clipped to `max_grad_norm`), the reward
+    scaler, the observation statistics' update, and checkpoint state. Subclasses write their loss
+    and `update(batch) -> metrics` (tensors)."""
 
-    def __init__(self, policy: ActorCritic, hp: Any, device: str = "cpu", normalize_reward: bool = False):
-        self.policy = policy.to(device)
+    def __init__(self, policy: ActorCritic, hp: Any, device: str = "cpu", normalize_reward: bool = False, **options: Any):
+        super().__init__(device, **options)
+        self.policy = policy.to(self.device)
         self.hp = hp
-        self.device = device
         self.reward_scaler = reward_scaler(normalize_reward, hp.gamma)
-        self.optimizer = adam(self.policy.parameters(), lr=hp.lr, eps=hp.adam_eps)
+        self.optimizer = self.add_optimizer("policy", self.policy.parameters(), lr=hp.lr, eps=hp.adam_eps,
+                                            max_grad_norm=hp.max_grad_norm)
         self.updates = 0  # gradient steps
-        self.timings: dict[str, float] = {}  # seconds of the last update's forward and backward passes
 
     def rewards(self, batch: Rollout) -> torch.Tensor:
         """The batch's rewards, scaled when `normalize_reward` is on, truncated episodes bootstrapped."""
         rewards = self.reward_scaler(batch) if self.reward_scaler else batch.rewards
-        return bootstrap_truncated(self.policy, rewards, batch, self.hp.gamma)
+        with self.autocast():
+            return bootstrap_truncated(self.policy, rewards, batch, self.hp.gamma)
 
     def observe(self, batch: Rollout) -> None:
         """After an update: the observation statistics take in the batch, so that the next policy
@@ -43,7 +43,7 @@ class ActorCriticLearner:
         if self.policy.obs_normalizer is not None:
             self.policy.obs_normalizer.update_from(batch)
 
-    def update(self, batch: Rollout) -> dict[str, float]:
+    def update(self, batch: Rollout) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
     def load_optimizer_state(self, state: dict) -> None:
@@ -74,7 +74,7 @@ class OnPolicyLoop:
         self.actors = actors
         self.learner = learner
         self.actor_stats = actors.get_epoch_stats_aggregator()
-        self.learner_stats = EpochStatsAggregator()
+        self.learner_stats = learner.metrics  # the learner's metrics (tensors until read) and this loop's timings
 
     def updates(self) -> int:
         return self.learner.updates
@@ -83,20 +83,19 @@ class OnPolicyLoop:
         t0 = time.perf_counter()
         batch, queue_before, _, dequeue_s = self.actors.collect_outputs(self.learner.device)
         t1 = time.perf_counter()
-        update = self.learner.update(batch)
-        check_finite(update, ("loss", "policy_loss", "value_loss"))
+        self.learner.update(batch)
+        self.learner.check_finite()
         t2 = time.perf_counter()
         self.actors.broadcast_updated_policy(self.learner.policy.state_dict())
         t3 = time.perf_counter()
         stats = self.learner_stats
-        for key, value in update.items():
-            stats.add(f"learner/{key}", value)
+        timings = self.learner.take_timings()
         stats.add("queue_size", queue_before)
         stats.add("time/wait_actors_s", t1 - t0)
         stats.add("time/dequeue_s", dequeue_s)
         stats.add("time/learner_s", t2 - t1)
-        stats.add("time/learner_forward_s", self.learner.timings["forward"])
-        stats.add("time/learner_backward_s", self.learner.timings["backward"])
+        stats.add("time/learner_forward_s", timings["forward"])
+        stats.add("time/learner_backward_s", timings["backward"])
         stats.add("time/broadcast_s", t3 - t2)
         return batch.rewards.numel()
 

@@ -17,20 +17,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torch import nn
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
 from maze_cli.algorithms.impala import vtrace
 from maze_cli.algorithms.on_policy import ActorCriticLearner, OnPolicyLoop, gae, masked_mean, normalization
 from maze_cli.config.schema import AppoConfig, PpoConfig
 from maze_cli.policies.actor_critic import ActorCritic
+from maze_cli.policies.base import Observations, State
 from maze_cli.policies.blueprint import policy_blueprint
 from maze_cli.records import Rollout
 
 
-def clipped_surrogate(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+def clipped_surrogate(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, clip: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped surrogate objective per step, to maximize, and the probability ratio:
 
         L = min(ratio * A, clip(ratio, 1 - clip, 1 + clip) * A),  ratio = pi(a|s) / mu(a|s)
@@ -64,11 +65,12 @@ class PpoLearner(ActorCriticLearner):
     """
 
     def __init__(self, policy: ActorCritic, hp: PpoConfig, device: str = "cpu", normalize_reward: bool = False,
-                 vtrace_targets: bool = False, max_env_steps: int | None = None):
-        super().__init__(policy, hp, device, normalize_reward)
+                 vtrace_targets: bool = False, max_env_steps: int | None = None, **options: Any):
+        super().__init__(policy, hp, device, normalize_reward, **options)
         self.vtrace_targets = vtrace_targets
         self.max_env_steps = max_env_steps
         self.env_steps = 0  # consumed, for the schedules
+        self.forward_loss = self.loss_function(self.loss, "PPO's loss")
 
     def progress_left(self) -> float:
         """1 at the start of the budget, 0 at its end (what the annealed lr and clip are scaled by)."""
@@ -81,13 +83,14 @@ class PpoLearner(ActorCriticLearner):
         """Advantages and value targets of the whole batch, under the policy before the update."""
         hp, T = self.hp, batch.n_steps
         rewards = self.rewards(batch)
-        out = self.policy(batch.observations, batch.initial_state, batch.episode_start)
-        values, bootstrap_value = out.values[:T], out.values[T]
+        with self.autocast():
+            out = self.policy(batch.observations, batch.initial_state, batch.episode_start)
+        values, bootstrap_value = out.values[:T].float(), out.values[T].float()
         discounts = hp.gamma * (~batch.dones).float()
         if not self.vtrace_targets:
             advantages = gae(rewards, values, bootstrap_value, discounts, hp.gae_lambda)
             return Targets(advantages, advantages + values, values)
-        target_logp = self.policy.distribution.log_prob(out.params[:T], batch.actions)
+        target_logp = self.policy.distribution.log_prob(out.params[:T].float(), batch.actions)
         vs = vtrace(batch.behaviour_logp, target_logp, rewards, values, bootstrap_value, discounts, hp.rho_bar, hp.c_bar).vs
         vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
         # The surrogate's ratio already weighs by pi/mu: the advantage itself is not weighted again.
@@ -123,8 +126,9 @@ class PpoLearner(ActorCriticLearner):
         mb["initial_state"] = tuple(s[columns] for s in view["initial_state"])
         return mb
 
-    def update(self, batch: Rollout) -> dict[str, float]:
-        """`n_epochs` x `n_minibatches` gradient steps on one batch; returns this batch's learner stats."""
+    def update(self, batch: Rollout) -> dict[str, torch.Tensor]:
+        """`n_epochs` x `n_minibatches` gradient steps on one batch; returns its metrics (tensors, the
+        minibatches' means; also recorded for the epoch)."""
         hp = self.hp
         t0 = time.perf_counter()
         targets = self.targets(batch)
@@ -138,68 +142,69 @@ class PpoLearner(ActorCriticLearner):
         clip = hp.clip_range * left if hp.anneal_clip else hp.clip_range
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        sums: dict[str, float] = {}
-        steps, stopped = 0, False
-        forward_s = backward_s = 0.0
-        t_prep = time.perf_counter() - t0
+        clip_t = torch.tensor(clip, device=self.device)  # a tensor: an annealed clip never recompiles the loss
+        self.timings["forward"] += time.perf_counter() - t0
+        steps: list[dict[str, torch.Tensor]] = []
+        stopped = False
         for _ in range(hp.n_epochs):
             for columns in torch.randperm(n_columns, device=view["actions"].device).chunk(hp.n_minibatches):
-                t1 = time.perf_counter()
-                loss, stats = self._loss(self._columns(view, columns), clip)
-                t2 = time.perf_counter()
-                forward_s += t2 - t1
-                if hp.target_kl is not None and stats["approx_kl"] > 1.5 * hp.target_kl:
+                mb = self._columns(view, columns)
+                loss, metrics = self.forward_loss(mb["observations"], mb["initial_state"], mb["episode_start"], mb["actions"],
+                                                  mb["behaviour_logp"], mb["advantages"], mb["returns"], mb["old_values"],
+                                                  mb["real"], clip_t)
+                # target_kl is the one option that needs a number on the host per minibatch
+                if hp.target_kl is not None and float(metrics["approx_kl"]) > 1.5 * hp.target_kl:
                     stopped = True
                     break
-                self.optimizer.zero_grad()
-                loss.backward()
-                stats["grad_norm"] = float(nn.utils.clip_grad_norm_(self.policy.parameters(), hp.max_grad_norm))
-                self.optimizer.step()
-                backward_s += time.perf_counter() - t2
+                metrics["grad_norm"] = self.step({"policy": loss})["policy"]
+                self.watch({"loss": loss})
                 self.updates += 1
-                steps += 1
-                for key, value in stats.items():
-                    sums[key] = sums.get(key, 0.0) + value
+                steps.append(metrics)
             if stopped:
                 break
         self.observe(batch)
         self.env_steps += batch.rewards.numel()
-        self.timings = {"forward": t_prep + forward_s, "backward": backward_s}
-        result = {key: value / max(steps, 1) for key, value in sums.items()}
-        if not steps:  # the first minibatch already exceeded target_kl: report it, untrained
-            result = {k: v for k, v in stats.items()} | {"grad_norm": 0.0}
+        if steps:
+            result = {key: torch.stack([m[key] for m in steps]).mean() for key in steps[0]}
+        else:  # the first minibatch already exceeded target_kl: report it, untrained
+            result = metrics | {"grad_norm": torch.zeros(())}
         real = batch.autoreset.logical_not()
         result |= {
-            "gradient_steps": float(steps), "kl_stop": float(stopped), "lr": lr, "clip_range": clip,
-            "value_mean": float(masked_mean(targets.old_values, real)),
-            "explained_variance": explained_variance(targets.old_values[real], targets.returns[real]),
+            "value_mean": masked_mean(targets.old_values, real),
+            "explained_variance": explained_variance(targets.old_values, targets.returns, real),
         }
-        return result
+        self.record(result)
+        self.record({"gradient_steps": float(len(steps)), "kl_stop": float(stopped), "lr": lr, "clip_range": clip})
+        return result | {"gradient_steps": len(steps), "kl_stop": float(stopped), "lr": lr, "clip_range": clip}
 
-    def _loss(self, mb: dict, clip: float) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, observations: Observations, initial_state: State, episode_start: torch.Tensor, actions: torch.Tensor,
+             behaviour_logp: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, old_values: torch.Tensor,
+             real: torch.Tensor, clip: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The clipped-surrogate loss of one minibatch (eq. 9 of the paper, with the value and entropy terms):
+
+            L = -E[min(ratio A, clip(ratio, 1 - eps, 1 + eps) A)] + value_coef E[(V - R)^2 / 2] - entropy_coef E[H]
+        """
         hp = self.hp
-        out = self.policy(mb["observations"], mb["initial_state"], mb["episode_start"])
+        out = self.policy(observations, initial_state, episode_start)
+        params, values = out.params.float(), out.values.float()
         dist = self.policy.distribution
-        logp = dist.log_prob(out.params, mb["actions"])
-        real = mb["real"]
-        advantages = mb["advantages"]
+        logp = dist.log_prob(params, actions)
         if hp.normalize_advantage:
             mean = masked_mean(advantages, real)
             std = masked_mean((advantages - mean).pow(2), real).sqrt()
             advantages = (advantages - mean) / (std + 1e-8)
-        surrogate, ratio = clipped_surrogate(logp, mb["behaviour_logp"], advantages, clip)
+        surrogate, ratio = clipped_surrogate(logp, behaviour_logp, advantages, clip)
         policy_loss = -masked_mean(surrogate, real)
-        v_loss = masked_mean(value_loss(out.values, mb["old_values"], mb["returns"], hp.clip_value), real)
-        entropy = masked_mean(dist.entropy(out.params), real)
+        v_loss = masked_mean(value_loss(values, old_values, returns, hp.clip_value), real)
+        entropy = masked_mean(dist.entropy(params), real)
         loss = policy_loss + hp.value_coef * v_loss - hp.entropy_coef * entropy
         with torch.no_grad():
-            log_ratio = logp - mb["behaviour_logp"]
+            log_ratio = logp - behaviour_logp
             approx_kl = masked_mean(ratio - 1.0 - log_ratio, real)  # Schulman's unbiased, non-negative estimator
             clip_fraction = masked_mean(((ratio - 1.0).abs() > clip).float(), real)
-        return loss, {
-            "loss": loss.item(), "policy_loss": policy_loss.item(), "value_loss": v_loss.item(), "entropy": entropy.item(),
-            "approx_kl": approx_kl.item(), "clip_fraction": clip_fraction.item(),
-        }
+        metrics = {"loss": loss, "policy_loss": policy_loss, "value_loss": v_loss, "entropy": entropy,
+                   "approx_kl": approx_kl, "clip_fraction": clip_fraction}
+        return loss, {k: v.detach() for k, v in metrics.items()}
 
     def state_dict(self) -> dict:
         return super().state_dict() | {"env_steps": self.env_steps}
@@ -209,10 +214,14 @@ class PpoLearner(ActorCriticLearner):
         self.env_steps = state["env_steps"]
 
 
-def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> float:
-    """1 - Var(target - predicted) / Var(target): 1 for a perfect value function, 0 for a constant one."""
-    var = float(target.var()) if target.numel() > 1 else 0.0
-    return float("nan") if var == 0 else 1.0 - float((target - predicted).var()) / var
+def explained_variance(predicted: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """1 - Var(target - predicted) / Var(target) over the steps where `mask` holds: 1 for a perfect
+    value function, 0 for a constant one, NaN where the targets do not vary. (A tensor: computed
+    without reading anything back to the host.)"""
+    var = masked_mean((target - masked_mean(target, mask)).pow(2), mask)
+    residual = target - predicted
+    var_residual = masked_mean((residual - masked_mean(residual, mask)).pow(2), mask)
+    return torch.where(var > 0, 1.0 - var_residual / var, torch.full_like(var, float("nan")))
 
 
 @dataclass
@@ -230,7 +239,7 @@ class Ppo(PpoConfig, Algorithm):
         kwargs = {"network": parts.network, "shared_network": self.shared_network, "normalize_obs": normalize_obs}
         policy = ActorCritic(parts.observation_space, parts.action_space, **kwargs)
         learner = PpoLearner(policy, self, parts.device, normalize_reward, vtrace_targets=isinstance(self, Appo),
-                             max_env_steps=parts.max_env_steps)
+                             max_env_steps=parts.max_env_steps, **parts.learner)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps, **actor_options)
         blueprint = policy_blueprint(ActorCritic, parts.observation_space, parts.action_space, kwargs)
         return Run(OnPolicyLoop(actors, learner), actors, learner, blueprint)

@@ -11,6 +11,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -19,9 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
-from maze_cli.algorithms.optim import adam
 from maze_cli.config.schema import SacConfig
 from maze_cli.errors import ConfigError
+from maze_cli.learner import Learner
 from maze_cli.buffers import Sampler
 from maze_cli.parallel.workers_with_buffer import BaseDistributedWorkersWithBuffer, SampledBatch, initial_sampling_policy_or_random
 from maze_cli.policies.base import Observations, Policy, PolicyOutput, State, one_step
@@ -29,8 +30,6 @@ from maze_cli.policies.blueprint import policy_blueprint
 from maze_cli.policies.distributions import Categorical
 from maze_cli.policies.mlp import linear, mlp_network
 from maze_cli.policies.network import build_network
-from maze_cli.stats.aggregator import EpochStatsAggregator
-from maze_cli.training import check_finite
 
 _LOG_STD_MIN, _LOG_STD_MAX = -5.0, 2.0
 ACTION_KEY = "_action"  # the action's key among a Box-action critic's inputs
@@ -74,7 +73,7 @@ class SacPolicy(Policy):
     def sample(self, observations: Observations, deterministic: bool = False):
         """For flat batches of transitions `[N, ...]`. Continuous: (action in env units, log-prob).
         Discrete: (probs, log-probs) over all actions."""
-        out = self.head(self.network(observations, (), None)[0])
+        out = self.head(self.network(observations, (), None)[0]).float()  # the distribution's math in fp32
         if self.discrete:
             log_probs = F.log_softmax(out, dim=-1)
             return log_probs.exp(), log_probs
@@ -147,7 +146,7 @@ class Sac(SacConfig, Algorithm):
         if policy.is_recurrent:
             raise ConfigError(f"algorithm=sac takes feed-forward policy networks only; policy._target_={parts.network['_target_']} "
                               f"is recurrent (recurrent SAC is not supported: use algorithm=impala)")
-        learner = SacLearner(policy, self, parts.network, parts.device)
+        learner = SacLearner(policy, self, parts.network, parts.device, **parts.learner)
         initial = initial_sampling_policy_or_random(policy, self.initial_policy(parts))
         # Envs one by one: no autoreset steps, so every step is a transition for the buffer (the
         # replay ratio makes the learner, not env stepping, the bottleneck of off-policy training).
@@ -170,18 +169,19 @@ class Sac(SacConfig, Algorithm):
         return initial_sampling_policy(self.initial_sampling_policy, parts.observation_space, parts.action_space, parts.load_policy)
 
 
-class SacLearner:
-    """Owns the actor, the twin critics and their targets, the entropy coefficient and the updates."""
+class SacLearner(Learner):
+    """SAC's losses on the shared learner: the actor, the twin critics and their targets, the entropy
+    coefficient; three parameter groups (critic, policy, alpha), each with its own Adam."""
 
-    def __init__(self, policy: SacPolicy, hp: SacConfig, network: dict | None = None, device: str = "cpu"):
-        self.policy = policy.to(device)
+    def __init__(self, policy: SacPolicy, hp: SacConfig, network: dict | None = None, device: str = "cpu", **options: Any):
+        super().__init__(device, **options)
+        self.policy = policy.to(self.device)
         self.hp = hp
-        self.device = device
-        self.critic = TwinCritic(policy.observation_space, policy.action_space, dict(network or mlp_network((256, 256), "relu"))).to(device)
+        self.critic = TwinCritic(policy.observation_space, policy.action_space, dict(network or mlp_network((256, 256), "relu"))).to(self.device)
         shared = self._share_encoder() if hp.share_encoder else set()
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.critic_params, self.critic_target_params = list(self.critic.parameters()), list(self.critic_target.parameters())
-        self.log_alpha = torch.tensor(math.log(hp.init_alpha), device=device, requires_grad=True)
+        self.log_alpha = torch.tensor(math.log(hp.init_alpha), device=self.device, requires_grad=True)
         space = policy.action_space
         if hp.target_entropy is not None:
             self.target_entropy = hp.target_entropy
@@ -190,9 +190,11 @@ class SacLearner:
         else:
             self.target_entropy = -float(np.prod(space.shape))
         self.policy_params = [p for p in self.policy.parameters() if id(p) not in shared]  # the actor's loss leaves the encoder be
-        self.policy_optimizer = adam(self.policy_params, lr=hp.lr)
-        self.critic_optimizer = adam(self.critic_params, lr=hp.lr)
-        self.alpha_optimizer = adam([self.log_alpha], lr=hp.alpha_lr)
+        self.add_optimizer("critic", self.critic_params, lr=hp.lr)
+        self.add_optimizer("policy", self.policy_params, lr=hp.lr)
+        self.add_optimizer("alpha", [self.log_alpha], lr=hp.alpha_lr)
+        self.forward_critic_loss = self.loss_function(self.critic_loss, "SAC's critic loss")
+        self.forward_actor_loss = self.loss_function(self.actor_loss, "SAC's actor loss")
         self.updates = 0
 
     def _share_encoder(self) -> set[int]:
@@ -206,64 +208,71 @@ class SacLearner:
     def alpha(self) -> float:
         return float(self.log_alpha.exp())
 
-    def update(self, batch: SampledBatch) -> tuple[dict[str, float], torch.Tensor]:
-        """One gradient step of critics, actor and alpha; returns stats and per-transition TD errors."""
-        tr, w, hp = batch.transitions, batch.weights, self.hp
+    def update(self, batch: SampledBatch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """One gradient step of critics, then actor and alpha; returns metrics (tensors, also
+        recorded for the epoch) and per-transition TD errors."""
+        tr, w = batch.transitions, batch.weights
         alpha = self.log_alpha.exp().detach()
-        # Critic: y = r + gamma (1 - terminated) (min_i Q'_i(s', a') - alpha log pi(a'|s')),  a' ~ pi(.|s')
+        critic_loss, td1, td2, q_mean = self.forward_critic_loss(tr.observations, tr.actions, tr.rewards, tr.next_observations,
+                                                                 tr.terminated, w, alpha)
+        self.step({"critic": critic_loss})
+        policy_loss, alpha_loss, entropy = self.forward_actor_loss(tr.observations, alpha)
+        self.step({"policy": policy_loss, "alpha": alpha_loss})
+        with torch.no_grad():  # Polyak averaging of the target critics
+            torch._foreach_lerp_(self.critic_target_params, self.critic_params, self.hp.tau)
+        self.updates += 1
+        losses = {"critic_loss": critic_loss, "policy_loss": policy_loss, "alpha_loss": alpha_loss}
+        self.watch(losses)
+        metrics = {k: v.detach() for k, v in losses.items()} | {"alpha": alpha, "entropy": entropy, "q_mean": q_mean}
+        self.record(metrics)
+        return metrics, (td1.abs() + td2.abs()) / 2
+
+    def critic_loss(self, observations: Observations, actions: torch.Tensor, rewards: torch.Tensor,
+                    next_observations: Observations, terminated: torch.Tensor, weights: torch.Tensor, alpha: torch.Tensor):
+        """Soft Bellman residuals of both critics, importance-weighted (prioritized replay):
+
+            y = r + gamma (1 - terminated) (min_i Q'_i(s', a') - alpha log pi(a'|s')),  a' ~ pi(.|s')
+            L = E[w (Q_1(s, a) - y)^2] + E[w (Q_2(s, a) - y)^2]
+
+        Returns the loss, both TD errors (detached) and the mean of Q_1."""
         with torch.no_grad():
             if self.policy.discrete:
-                probs_next, logp_next = self.policy.sample(tr.next_observations)
-                q1_t, q2_t = self.critic_target(tr.next_observations)
+                probs_next, logp_next = self.policy.sample(next_observations)
+                q1_t, q2_t = (q.float() for q in self.critic_target(next_observations))
                 v_next = (probs_next * (torch.min(q1_t, q2_t) - alpha * logp_next)).sum(-1)
             else:
-                a_next, logp_next = self.policy.sample(tr.next_observations)
-                q1_t, q2_t = self.critic_target(tr.next_observations, a_next)
+                a_next, logp_next = self.policy.sample(next_observations)
+                q1_t, q2_t = (q.float() for q in self.critic_target(next_observations, a_next))
                 v_next = torch.min(q1_t, q2_t) - alpha * logp_next
-            target = tr.rewards + hp.gamma * (~tr.terminated).float() * v_next
-        q1, q2 = self.critic(tr.observations, None if self.policy.discrete else tr.actions)
+            target = rewards + self.hp.gamma * (~terminated).float() * v_next
+        q1, q2 = (q.float() for q in self.critic(observations, None if self.policy.discrete else actions))
         if self.policy.discrete:
-            index = tr.actions.long().unsqueeze(-1)
+            index = actions.long().unsqueeze(-1)
             q1, q2 = q1.gather(-1, index).squeeze(-1), q2.gather(-1, index).squeeze(-1)
         td1, td2 = q1 - target, q2 - target
-        critic_loss = (w * td1.pow(2)).mean() + (w * td2.pow(2)).mean()
-        self.critic_optimizer.zero_grad()
-        critic_loss.backward()
-        self.critic_optimizer.step()
+        loss = (weights * td1.pow(2)).mean() + (weights * td2.pow(2)).mean()
+        return loss, td1.detach(), td2.detach(), q1.detach().mean()
 
-        # Actor: E_s[ E_a~pi [alpha log pi(a|s) - min_i Q_i(s, a)] ];  alpha: E[-alpha (log pi + target entropy)]
+    def actor_loss(self, observations: Observations, alpha: torch.Tensor):
+        """The actor's and the temperature's losses, and the policy's entropy (detached):
+
+            L_pi    = E_s[ E_a~pi [alpha log pi(a|s) - min_i Q_i(s, a)] ]
+            L_alpha = E[-log alpha (log pi + target entropy)]
+        """
         if self.policy.discrete:
-            probs, logp = self.policy.sample(tr.observations)
+            probs, logp = self.policy.sample(observations)
             with torch.no_grad():
-                q_min = torch.min(*self.critic(tr.observations))
+                q_min = torch.min(*self.critic(observations)).float()
             policy_loss = (probs * (alpha * logp - q_min)).sum(-1).mean()
             entropy = -(probs * logp).sum(-1).detach()
             alpha_loss = -(self.log_alpha * (self.target_entropy - entropy)).mean()
         else:
-            actions, logp = self.policy.sample(tr.observations)
-            q_min = torch.min(*self.critic(tr.observations, actions))
+            actions, logp = self.policy.sample(observations)
+            q_min = torch.min(*self.critic(observations, actions)).float()
             policy_loss = (alpha * logp - q_min).mean()
             entropy = -logp.detach()
             alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
-        self.policy_optimizer.zero_grad()
-        policy_loss.backward(inputs=self.policy_params)  # through Q into the actor only
-        self.policy_optimizer.step()
-        self.alpha_optimizer.zero_grad()
-        alpha_loss.backward()
-        self.alpha_optimizer.step()
-
-        with torch.no_grad():  # Polyak averaging of the target critics
-            torch._foreach_lerp_(self.critic_target_params, self.critic_params, hp.tau)
-        self.updates += 1
-        stats = {
-            "critic_loss": critic_loss.item(),
-            "policy_loss": policy_loss.item(),
-            "alpha": float(alpha),
-            "alpha_loss": alpha_loss.item(),
-            "entropy": entropy.mean().item(),
-            "q_mean": q1.detach().mean().item(),
-        }
-        return stats, (td1.detach().abs() + td2.detach().abs()) / 2
+        return policy_loss, alpha_loss, entropy.mean()
 
     def state_dict(self) -> dict:
         return {
@@ -271,7 +280,7 @@ class SacLearner:
             "critic": self.critic.state_dict(),
             "critic_target": self.critic_target.state_dict(),
             "log_alpha": self.log_alpha.detach().clone(),
-            "optimizers": {k: getattr(self, f"{k}_optimizer").state_dict() for k in ("policy", "critic", "alpha")},
+            "optimizers": self.optimizer_state(),
             "updates": self.updates,
         }
 
@@ -287,8 +296,7 @@ class SacLearner:
         self.critic_target.load_state_dict(state["critic_target"])
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
-        for key, saved in state["optimizers"].items():
-            getattr(self, f"{key}_optimizer").load_state_dict(saved)
+        super().load_optimizer_state(state["optimizers"])
 
 
 class SacLoop:
@@ -301,7 +309,7 @@ class SacLoop:
         self.replay_ratio = replay_ratio
         self.prioritized = prioritized
         self.actor_stats = workers.get_epoch_stats_aggregator()
-        self.learner_stats = EpochStatsAggregator()
+        self.learner_stats = learner.metrics  # the learner's metrics (tensors until read) and this loop's timings
         self.credit = 0.0
         self.learning_steps = 0  # transitions collected since learning started
 
@@ -327,14 +335,12 @@ class SacLoop:
             ta = time.perf_counter()
             batch = self.workers.sample_batch(self.learner.device)
             tb = time.perf_counter()
-            update, td_errors = self.learner.update(batch)
-            check_finite(update, ("critic_loss", "policy_loss", "alpha_loss"))
+            _, td_errors = self.learner.update(batch)
             if self.prioritized:
                 self.workers.update_priorities(batch, td_errors)
             sample_s += tb - ta
             learn_s += time.perf_counter() - tb
-            for key, value in update.items():
-                stats.add(f"learner/{key}", value)
+        self.learner.check_finite()
         t2 = time.perf_counter()
         if n_updates:
             self.workers.broadcast_updated_policy(self.learner.policy.state_dict())

@@ -95,7 +95,7 @@ def build_run(settings: Settings, env_factory: EnvFactory, observation_space: gy
         env_factory=env_factory, observation_space=observation_space, action_space=action_space,
         network=_network_config(settings, algorithm), make_actors=_actors_factory(settings, algorithm, env_factory),
         make_replay_buffer=_replay_buffer_factory(settings), device=settings.train.device, seed=seed, load_policy=load_policy,
-        max_env_steps=settings.train.max_env_steps,
+        max_env_steps=settings.train.max_env_steps, learner=dataclasses.asdict(settings.train.learner),
     )
     return dataclasses.replace(algorithm.build(parts), epoch_length=settings.train.epoch_length or algorithm.epoch_length)
 

@@ -39,7 +39,7 @@ def _env_options() -> list[str]:
 
 # Keys a resumed run may change; everything else comes from the run's saved config.
 RESUMABLE_KEYS = {"max_env_steps", "max_time_s", "target_return", "target_window", "epoch_length", "eval", "checkpoint",
-                  "device", "torch_threads", "resume", "trust_checkpoint"}
+                  "device", "torch_threads", "learner", "resume", "trust_checkpoint"}
 
 
 class TrainingDiverged(MazeCliError, RuntimeError):
@@ -98,12 +98,14 @@ def run_train(cfg: DictConfig) -> dict:
     from maze_cli.cli.build import build_run, build_trackers, check_device, check_env, trusted_targets
     from maze_cli.envs.spaces import describe_space
     from maze_cli.evaluation import Evaluator
+    from maze_cli.learner import check_options
     from maze_cli.seeding import derive_seed, derive_seeds, seed_everything
     from maze_cli.stats.plots import start_learning_curve, write_learning_curve
     from maze_cli.stats.writers import ConsoleTable, JsonlWriter, TensorBoardWriter
     from maze_cli.training import Budget, NonFiniteLoss, Trainer
 
     check_device(settings.train.device)
+    check_options(settings.train.learner.precision, settings.train.learner.compile, settings.train.device)
     signal.signal(signal.SIGTERM, _raise_terminated)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     t = settings.train

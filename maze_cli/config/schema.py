@@ -61,6 +61,18 @@ class InitFromConfig:
 
 
 @dataclass
+class LearnerConfig:
+    """The shared learner of every algorithm (maze_cli/learner.py)."""
+
+    # fp32, bf16 (autocast, CPU and CUDA) or fp16 (autocast with a gradient scaler, CUDA only); auto:
+    # bf16 where it was measured faster and learning as well (conv policies on a CPU with AMX, CUDA with
+    # bf16), fp32 elsewhere
+    precision: str = _f("auto", choices=("auto", "fp32", "bf16", "fp16"))
+    compile: bool = False  # torch.compile each loss function once (needs a C++ compiler; on CUDA, Triton)
+    compile_mode: str = _f("default", choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
+
+
+@dataclass
 class TrainConfig:
     """Top-level keys of `train` (the budget and the run)."""
 
@@ -72,6 +84,7 @@ class TrainConfig:
     epoch_length: Optional[int] = _f(None, ge=1)  # iterations per epoch; None: the algorithm's choice
     device: str = "cpu"
     torch_threads: int = _f(1, ge=1)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resume: Optional[str] = None

@@ -1,0 +1,241 @@
+"""The learner: what every algorithm's update has in common, written once.
+
+An algorithm brings its losses (the math, beside the paper's equations) as a function of a batch's
+tensors that returns named losses and metrics. The `Learner` owns everything else an update does:
+
+- the optimizers and their state, one per named group of parameters (IMPALA and PPO: one; SAC:
+  critics, actor and temperature), and gradient clipping per group;
+- precision: the forward pass under autocast (bf16 on CPU and CUDA, fp16 on CUDA with a gradient
+  scaler); what the loss math is computed in stays the algorithm's choice (they cast network
+  outputs to fp32, so V-trace and GAE never run in 8 bits of mantissa);
+- compilation: a loss function compiled once with torch.compile (shapes are fixed by the config,
+  so one graph serves every batch), the time it took in the log;
+- the device, the timings of forward and backward passes, and the metrics: kept as tensors and
+  reduced once per epoch, so no minibatch waits for the host to read a number back. The one sync
+  left is a finiteness check of the iteration's losses before its weights are published.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import logging
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from maze_cli.algorithms.optim import Adam
+from maze_cli.errors import ConfigError
+from maze_cli.stats.aggregator import EpochStatsAggregator
+from maze_cli.training import NonFiniteLoss
+
+log = logging.getLogger("maze_cli")
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # and "auto": see auto_precision
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclass
+class ParameterGroup:
+    """One optimizer and the parameters it steps; `max_grad_norm` clips their joint gradient norm."""
+
+    optimizer: Adam
+    params: list[nn.Parameter]
+    max_grad_norm: float | None = None
+
+
+class Learner:
+    """Optimizers, precision, compilation, device, timings and metrics of one learner.
+
+    :param device: where the learner's modules live and its batches are moved to.
+    :param precision: fp32, bf16 (autocast; CPU and CUDA) or fp16 (autocast and a gradient scaler; CUDA).
+    :param compile: compile the loss functions the algorithm registers (`loss_function`).
+    :param compile_mode: torch.compile's mode (default, reduce-overhead: CUDA graphs, max-autotune).
+    """
+
+    def __init__(self, device: str | torch.device = "cpu", precision: str = "fp32", compile: bool = False,
+                 compile_mode: str = "default"):
+        if precision not in PRECISIONS and precision != "auto":
+            raise ValueError(f"precision={precision}: must be auto or one of {', '.join(PRECISIONS)}")
+        self.device = torch.device(device)
+        self.precision = precision
+        self.compile = compile
+        self.compile_mode = compile_mode
+        self.groups: dict[str, ParameterGroup] = {}
+        self.scaler = _grad_scaler(self.device) if precision == "fp16" else None
+        self.metrics = EpochStatsAggregator()  # learner/* (tensors until the epoch's row is made) and time/*
+        self.timings = {"forward": 0.0, "backward": 0.0}  # seconds since `take_timings`
+        self._watched: list[tuple[str, torch.Tensor]] = []  # losses of this iteration, checked before a broadcast
+
+    # -- setting up ---------------------------------------------------------------------------------
+    def add_optimizer(self, name: str, params: Iterable[nn.Parameter], lr: float, eps: float = 1e-8,
+                      max_grad_norm: float | None = None) -> Adam:
+        """Adam over `params`, stepped by `step({name: loss})`."""
+        params = [p for p in params if p.requires_grad]
+        optimizer = Adam(params, lr=lr, eps=eps)
+        self.groups[name] = ParameterGroup(optimizer, params, max_grad_norm)
+        return optimizer
+
+    def loss_function(self, fn: Callable, name: str) -> Callable:
+        """`fn` as the learner runs it: under autocast at this learner's precision, compiled if asked.
+        The first call of a compiled function compiles it; that call and any later recompilation
+        (a batch of a new shape) are logged with the seconds they took."""
+        run = fn if not self.compile else _Compiled(fn, name, self.compile_mode)
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            with self.autocast():
+                out = run(*args, **kwargs)
+            self.timings["forward"] += time.perf_counter() - t0
+            return out
+
+        return forward
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The context of every forward pass: autocast to bf16 / fp16, or nothing for fp32."""
+        if self.precision == "auto":  # decided on first use, when the parameters are known
+            # conv kernels are the parameters with 4 dims or more ([out, in, h, w])
+            convolutional = any(p.dim() >= 4 for group in self.groups.values() for p in group.params)
+            self.precision = auto_precision(self.device, convolutional)
+            log.info(f"learner.precision=auto: {self.precision} ({'conv' if convolutional else 'no conv'} layers on {self.device.type})")
+        dtype = PRECISIONS[self.precision]
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    # -- one gradient step --------------------------------------------------------------------------
+    def step(self, losses: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Backpropagate each loss into its own group's parameters (named as in `add_optimizer`),
+        clip, and step each group's optimizer; returns the gradient norm (before clipping) of every
+        group that clips. Gradients of one loss never reach another group's parameters."""
+        t0 = time.perf_counter()
+        names = list(losses)
+        for name in names:
+            self.groups[name].optimizer.zero_grad()
+        for i, name in enumerate(names):
+            loss = losses[name] if self.scaler is None else self.scaler.scale(losses[name])
+            torch.autograd.backward(loss, inputs=self.groups[name].params, retain_graph=i < len(names) - 1)
+        norms = {}
+        for name in names:
+            group = self.groups[name]
+            if self.scaler is not None:
+                self.scaler.unscale_(group.optimizer)
+            if group.max_grad_norm is not None:
+                norms[name] = nn.utils.clip_grad_norm_(group.params, group.max_grad_norm)
+            if self.scaler is not None:
+                self.scaler.step(group.optimizer)
+            else:
+                group.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.update()
+        self.timings["backward"] += time.perf_counter() - t0
+        return norms
+
+    # -- metrics and checks -------------------------------------------------------------------------
+    def record(self, metrics: Mapping[str, torch.Tensor | float], prefix: str = "learner/") -> None:
+        """Keep an update's metrics for the epoch's row (tensors stay on their device until then)."""
+        for key, value in metrics.items():
+            self.metrics.add(f"{prefix}{key}", value.detach() if isinstance(value, torch.Tensor) else value)
+
+    def watch(self, losses: Mapping[str, torch.Tensor]) -> None:
+        """Losses whose finiteness `check_finite` asserts before the iteration's weights leave."""
+        self._watched += [(name, loss.detach()) for name, loss in losses.items()]
+
+    def check_finite(self) -> None:
+        """Raise NonFiniteLoss naming the first watched loss that is NaN or infinite (one host sync
+        for all of them), so that no diverged weights reach an actor or a checkpoint."""
+        watched, self._watched = self._watched, []
+        if not watched:
+            return
+        finite = torch.stack([loss.float() for _, loss in watched]).isfinite()
+        if bool(finite.all()):
+            return
+        name, loss = watched[int((~finite).nonzero()[0])]
+        raise NonFiniteLoss(f"learner/{name}", float(loss))
+
+    def take_timings(self) -> dict[str, float]:
+        """Seconds of forward and backward passes since the last call."""
+        timings, self.timings = self.timings, {"forward": 0.0, "backward": 0.0}
+        return timings
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def optimizer_state(self) -> dict[str, Any]:
+        return {name: group.optimizer.state_dict() for name, group in self.groups.items()}
+
+    def load_optimizer_state(self, state: Mapping[str, Any]) -> None:
+        for name, saved in state.items():
+            self.groups[name].optimizer.load_state_dict(saved)
+
+
+def check_options(precision: str, compile: bool, device: str) -> None:
+    """The learner options can run on this machine and device; else a ConfigError naming the key and
+    the fix (before any actor starts)."""
+    kind = torch.device(device).type
+    if precision == "fp16" and kind != "cuda":
+        raise ConfigError(f"learner.precision=fp16: fp16 training needs a CUDA device (device={device}); "
+                          f"use learner.precision=bf16 (or fp32) on a CPU")
+    if precision == "bf16" and kind == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f"learner.precision=bf16: this GPU ({torch.cuda.get_device_name()}) has no bf16; "
+                          f"use learner.precision=fp16 or fp32")
+    if compile:
+        compiler = os.environ.get("CXX") or next((c for c in ("g++", "c++", "clang++") if shutil.which(c)), None)
+        if compiler is None or not shutil.which(compiler):
+            raise ConfigError("learner.compile=true: torch.compile needs a C++ compiler and none was found (CXX, g++, c++, "
+                              "clang++); install one (e.g. apt install g++) or set learner.compile=false")
+        if kind == "cuda" and importlib.util.find_spec("triton") is None:
+            raise ConfigError("learner.compile=true: torch.compile on CUDA needs Triton (pip install triton, which CUDA builds "
+                              "of torch bring); or set learner.compile=false")
+
+
+def auto_precision(device: torch.device, convolutional: bool) -> str:
+    """What `learner.precision=auto` becomes: bf16 on a GPU with bf16, and for conv policies on a CPU
+    with bf16 matrix units (AMX or AVX512-BF16); fp32 elsewhere (small MLPs gain nothing from bf16,
+    and a CPU without such units only emulates it)."""
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if convolutional and cpu_has_bf16_units() else "fp32"
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_has_bf16_units() -> bool:
+    """Whether this CPU computes bf16 in hardware (the amx_bf16 or avx512_bf16 flag on Linux)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return bool(re.search(r"\b(amx_bf16|avx512_bf16)\b", flags))
+
+
+class _Compiled:
+    """A function compiled with torch.compile on its first call; compilations are logged."""
+
+    def __init__(self, fn: Callable, name: str, mode: str):
+        self.fn, self.name, self.mode = fn, name, mode
+        self.compiled: Callable | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from torch._dynamo.utils import counters
+
+        if self.compiled is None:
+            self.compiled = torch.compile(self.fn, mode=None if self.mode == "default" else self.mode, dynamic=False)
+        graphs = counters["stats"]["unique_graphs"]
+        t0 = time.perf_counter()
+        out = self.compiled(*args, **kwargs)
+        if counters["stats"]["unique_graphs"] != graphs:
+            log.info(f"compiled {self.name} in {time.perf_counter() - t0:.1f} s (learner.compile=true)")
+        return out
+
+
+def _grad_scaler(device: torch.device):
+    """fp16's gradient scaler: small gradients would underflow in fp16 without it."""
+    from torch.amp import GradScaler
+
+    return GradScaler(device.type)
