@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 import gymnasium as gym
 
@@ -13,7 +13,7 @@ from maze_cli.envs.core_inputs import PreviousActionReward, adds_inputs
 from maze_cli.envs.spaces import UnsupportedSpaceError, action_spec, observation_specs
 from maze_cli.errors import ConfigError, first_line
 
-__all__ = ["EnvFactory", "EnvConfigError", "UnsupportedSpaceError"]
+__all__ = ["EnvFactory", "EnvConfigError", "UnsupportedSpaceError", "VectorizedEnvTarget"]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -46,6 +46,18 @@ class EnvConfigError(ConfigError):
     """An env config that cannot produce an env."""
 
 
+@runtime_checkable
+class VectorizedEnvTarget(Protocol):
+    """A `_target_` callable that also builds `n_envs` copies of its env as one vector env, from the
+    same arguments: `vector_env(n_envs, **arguments)` returns a gymnasium VectorEnv with the single
+    env's spaces, or None where the actors should step single envs (e.g. `maze_cli.envs.atari.make_atari`,
+    whose `env.backend=envpool` gives each actor one envpool). `env.vectorize=false` turns it off."""
+
+    def __call__(self, *args: Any, **arguments: Any) -> gym.Env: ...
+
+    def vector_env(self, n_envs: int, **arguments: Any) -> gym.vector.VectorEnv | None: ...
+
+
 @dataclass(frozen=True)
 class EnvFactory:
     """A picklable factory: `EnvFactory(config)()` returns a fresh gymnasium.Env.
@@ -53,9 +65,9 @@ class EnvFactory:
     `config` is a plain mapping: either `{id, kwargs, max_episode_steps, vectorize}` for
     `gymnasium.make`, or `{_target_: "pkg.module.Callable", **arguments}` for a user's own env.
     `vectorize` (default true): actors step their envs with the env's own vectorized implementation
-    where gymnasium registers one (`vector_entry_point`). `register`: a module imported (and its
-    `register_envs()` called, if it has one) before `gymnasium.make`, for packages whose ids exist
-    only then (e.g. `minatar.gym`). `check` (default true, either kind): run the env checks before
+    where gymnasium registers one (`vector_entry_point`) or the `_target_` builds one
+    (`VectorizedEnvTarget`). `register`: a module imported (and its `register_envs()` called, if it
+    has one) before `gymnasium.make`, for packages whose ids exist only then (e.g. `minatar.gym`). `check` (default true, either kind): run the env checks before
     any actor starts. `reward_clip` (either kind): the learner sees rewards clipped to
     [-reward_clip, reward_clip], while the episode returns in the stats stay the env's own.
     `core_inputs` (set from `policy.core_inputs` by `for_policy`): the previous action and reward
@@ -81,7 +93,7 @@ class EnvFactory:
         if self.config.get("_target_") is not None:
             from hydra.utils import instantiate
 
-            env = instantiate({k: v for k, v in self.config.items() if k not in OWN_KEYS}, _convert_="all")
+            env = instantiate({k: v for k, v in self.config.items() if k not in self._own_keys()}, _convert_="all")
         else:
             self._register()
             kwargs = dict(self.config.get("kwargs") or {})
@@ -126,12 +138,30 @@ class EnvFactory:
         if callable(getattr(module, "register_envs", None)):
             module.register_envs()
 
+    def _vector_target(self) -> VectorizedEnvTarget | None:
+        """The `_target_` callable if it builds vector envs too."""
+        if self.config.get("_target_") is None:
+            return None
+        from hydra.utils import get_object
+
+        try:
+            target = get_object(self.config["_target_"])
+        except Exception:  # noqa: BLE001 - building the env names the problem
+            return None
+        return target if isinstance(target, VectorizedEnvTarget) else None
+
+    def _own_keys(self) -> tuple[str, ...]:
+        """The config's keys that are not arguments of its `_target_`."""
+        return OWN_KEYS + ("vectorize",) if "vectorize" in self.config and self._vector_target() is not None else OWN_KEYS
+
     def vector_env(self, n_envs: int) -> gym.vector.VectorEnv | None:
         """`n_envs` copies as the env's own vectorized implementation, or None where there is none,
         where `vectorize` is off, or where it is not the same env: a vector entry point that changes
         the spaces (ALE's preprocesses frames to 84x84 by default) would not match the policy."""
-        if self.config.get("_target_") is not None or not self.config.get("vectorize", True) or adds_inputs(self.config.get("core_inputs")):
+        if not self.config.get("vectorize", True) or adds_inputs(self.config.get("core_inputs")):
             return None
+        if self.config.get("_target_") is not None:
+            return self._target_vector_env(n_envs)
         self._register()
         if gym.spec(self.config["id"]).vector_entry_point is None:
             return None
@@ -149,9 +179,33 @@ class EnvFactory:
             return None
         return vector
 
+    def _target_vector_env(self, n_envs: int) -> gym.vector.VectorEnv | None:
+        """The `_target_`'s own vector env (`VectorizedEnvTarget`); spaces other than its single env's
+        are a config error, not a silent fallback: the user asked for that implementation."""
+        target = self._vector_target()
+        if target is None:
+            return None
+        arguments = {k: v for k, v in self.config.items() if k not in self._own_keys() and not (k.startswith("_") and k.endswith("_"))}
+        vector = target.vector_env(n_envs, **arguments)
+        if vector is None:
+            return None
+        single = self()
+        try:
+            spaces = (single.observation_space, single.action_space)
+        finally:
+            single.close()
+        if (vector.single_observation_space, vector.single_action_space) != spaces:
+            got = (vector.single_observation_space, vector.single_action_space)
+            vector.close()
+            raise EnvConfigError(f"env._target_={self.config['_target_']}: its vector env's spaces {got} differ from its env's "
+                                 f"{spaces}; set env.vectorize=false")
+        return vector
+
     def without_vectorization(self) -> "EnvFactory":
         """The same env, always built one by one."""
-        return EnvFactory({**self.config, "vectorize": False}) if self.config.get("_target_") is None else self
+        if self.config.get("_target_") is None or self._vector_target() is not None:
+            return EnvFactory({**self.config, "vectorize": False})
+        return self
 
     def describe(self) -> str:
         return str(self.config.get("id") or self.config.get("_target_"))
@@ -171,6 +225,8 @@ class EnvFactory:
             raise
         except Exception as err:  # anything the env's own constructor raises is a config problem here
             cause = err.__cause__ if err.__cause__ is not None and "Error in call to target" in str(err) else err
+            if isinstance(cause, ConfigError):  # the env's own one-line message names the key and the fix
+                raise EnvConfigError(first_line(cause)) from err
             what = f"env._target_={self.config['_target_']}" if self.config.get("_target_") else f"env.id={self.config['id']}"
             raise EnvConfigError(f"{what}: {type(cause).__name__}: {first_line(cause)}") from err
         try:
