@@ -110,3 +110,15 @@ def test_an_ale_id_works_through_the_generic_gym_config(tmp_path):
                        "runner=sequential", run_dir=tmp_path / "run")
     assert result.returncode == 0, result.stderr
     assert "Box(210, 160, 3) uint8" in result.stdout and "policy=cnn is made for images" in result.stdout
+
+
+def test_a_precision_the_device_cannot_do_is_one_line_before_anything_starts(tmp_path):
+    result = run_train("+env=cartpole", "learner.precision=fp16", run_dir=tmp_path / "run")
+    assert_one_line_error(result, "learner.precision=fp16", "CUDA", "bf16")
+    assert not (tmp_path / "run").exists()
+
+
+def test_compile_without_a_cxx_compiler_is_one_line_before_anything_starts(tmp_path):
+    result = run_train("+env=cartpole", "learner.compile=true", run_dir=tmp_path / "run", env={"CXX": "/nonexistent/g++"})
+    assert_one_line_error(result, "learner.compile=true", "C++ compiler", "learner.compile=false")
+    assert not (tmp_path / "run").exists()

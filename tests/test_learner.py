@@ -32,3 +32,94 @@ def test_each_update_in_fp32_equals_the_update_before_the_shared_learner(case):
         assert sorted(now[part]) == sorted(golden[part]), f"{case}: {part} of other parameters"
         for name, value in golden[part].items():
             torch.testing.assert_close(now[part][name], value, rtol=1e-5, atol=1e-6, msg=f"{case}: {part} {name}")
+
+
+def test_a_bf16_update_stays_close_to_the_fp32_one_and_keeps_the_loss_math_in_fp32():
+    """Under bf16 autocast the network runs in bf16 while losses and targets stay fp32: the losses of
+    the same batch agree with fp32's to bf16's precision, and every parameter keeps its fp32 dtype."""
+    from tests.learner_cases import CASES
+
+    results = {}
+    for precision in ("fp32", "bf16"):
+        learner, batch, _ = CASES["impala_cartpole"]()
+        learner.precision = precision
+        metrics = learner.update(batch)
+        assert metrics["loss"].dtype == torch.float32
+        assert all(p.dtype == torch.float32 for p in learner.policy.parameters())
+        results[precision] = {k: float(v) for k, v in metrics.items()}
+    for key in ("loss", "policy_loss", "value_loss", "entropy"):
+        assert results["bf16"][key] == pytest.approx(results["fp32"][key], rel=0.05, abs=0.02), key
+
+
+def test_auto_precision_is_fp32_for_mlps_and_for_conv_policies_only_where_the_cpu_has_bf16_units():
+    from maze_cli.learner import auto_precision, cpu_has_bf16_units
+
+    assert auto_precision(torch.device("cpu"), convolutional=False) == "fp32"
+    assert auto_precision(torch.device("cpu"), convolutional=True) == ("bf16" if cpu_has_bf16_units() else "fp32")
+
+
+def test_metrics_recorded_as_tensors_are_read_back_once_in_the_order_recorded():
+    from maze_cli.stats.aggregator import EpochStatsAggregator
+
+    stats = EpochStatsAggregator()
+    stats.add("learner/loss", torch.tensor(1.0))
+    stats.add("learner/loss", 3.0)
+    stats.add("learner/loss", torch.tensor(2.0, dtype=torch.bfloat16))
+    stats.add("time/learner_s", 0.5)
+    assert stats.values("learner/loss") == [1.0, 3.0, 2.0] or sorted(stats.values("learner/loss")) == [1.0, 2.0, 3.0]
+    assert stats.get("learner/loss") == pytest.approx(2.0)
+    assert set(stats.events()) == {"learner/loss", "time/learner_s"}
+    stats.clear()
+    assert stats.get("learner/loss") is None
+
+
+def test_a_non_finite_loss_is_caught_before_the_weights_are_published():
+    from maze_cli.learner import Learner
+    from maze_cli.training import NonFiniteLoss
+
+    learner = Learner()
+    learner.watch({"critic_loss": torch.tensor(1.0), "policy_loss": torch.tensor(float("nan"))})
+    with pytest.raises(NonFiniteLoss, match="learner/policy_loss became nan"):
+        learner.check_finite()
+    learner.watch({"critic_loss": torch.tensor(1.0)})
+    learner.check_finite()  # the next iteration starts afresh
+
+
+def test_gradients_of_one_loss_never_reach_another_groups_parameters():
+    """SAC's actor loss flows through the critics; its step must leave the critics' gradients alone."""
+    from maze_cli.learner import Learner
+
+    a, b = torch.nn.Parameter(torch.tensor(2.0)), torch.nn.Parameter(torch.tensor(3.0))
+    learner = Learner()
+    learner.add_optimizer("a", [a], lr=0.1)
+    learner.add_optimizer("b", [b], lr=0.1, max_grad_norm=0.5)
+    norms = learner.step({"a": a * b, "b": b * b})
+    assert float(a.grad) == 3.0 and float(b.grad) == pytest.approx(6.0 * 0.5 / 6.0)  # b's own gradient, clipped
+    assert float(norms["b"]) == pytest.approx(6.0) and "a" not in norms
+
+
+@pytest.mark.slow
+def test_a_compiled_loss_equals_the_eager_one_and_compiles_once_for_every_batch():
+    """learner.compile=true: the compiled IMPALA and PPO (annealed clip) updates give the eager update's
+    numbers, and later batches of the same shape (new data, a new clip) compile nothing again."""
+    from torch._dynamo.utils import counters
+
+    from tests.learner_cases import CASES
+
+    for case in ("impala_cartpole", "ppo_pendulum_annealed"):
+        eager, batch, _ = CASES[case]()
+        compiled, _, _ = CASES[case]()
+        compiled.compile = True
+        compiled.forward_loss = compiled.loss_function(compiled.loss, "test")
+        for learner in (eager, compiled):
+            torch.manual_seed(5)
+            metrics = learner.update(batch)
+        torch.testing.assert_close(float(metrics["loss"]), float(eager.metrics.values("learner/loss")[0]), rtol=1e-4, atol=1e-5)
+        for p_eager, p_compiled in zip(eager.policy.parameters(), compiled.policy.parameters()):
+            torch.testing.assert_close(p_compiled, p_eager, rtol=1e-4, atol=1e-5)
+        graphs = counters["stats"]["unique_graphs"]
+        for i in range(3):
+            fresh = batch.map(lambda t: t.clone())
+            fresh.rewards.normal_()
+            compiled.update(fresh)
+        assert counters["stats"]["unique_graphs"] == graphs, f"{case}: a later batch compiled again"

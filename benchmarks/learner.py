@@ -1,0 +1,98 @@
+"""The learner alone: updates per second at each precision, compiled or not, on real batches.
+
+    python benchmarks/learner.py +env=minatar                          # IMPALA, the shipped MinAtar settings
+    python benchmarks/learner.py +env=atari --variants fp32 bf16       # Pong's nature CNN (needs the atari extra)
+    python benchmarks/learner.py +env=cartpole algorithm=ppo --variants fp32 compile
+    python benchmarks/learner.py +env=pendulum algorithm=sac --updates 200
+
+Each variant (`fp32`, `bf16`, `compile` = fp32 compiled, `compile-bf16`) gets a learner built from the
+same composed config (the shipped defaults and tuning files, plus the overrides given) and seed, and one
+batch collected by real actors (runner=sequential; SAC: a replay buffer filled by its initial policy).
+Then rounds alternate between the variants: each round times `--updates` updates of every variant in
+turn, so a machine's noise hits all of them alike. Printed: the median updates/s and samples/s over
+the rounds (every round's figure too), and how long the first call (compilation) took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+VARIANTS = {
+    "fp32": ["learner.precision=fp32"],
+    "bf16": ["learner.precision=bf16"],
+    "compile": ["learner.precision=fp32", "learner.compile=true"],
+    "compile-bf16": ["learner.precision=bf16", "learner.compile=true"],
+}
+
+
+def build(overrides: list[str]):
+    """The run's learner, and a function that makes one update on a fixed real batch."""
+    from hydra import compose, initialize_config_dir
+
+    from maze_cli.cli.build import build_run, check_env
+    from maze_cli.cli.paths import config_dir
+    from maze_cli.config.schema import register_configs, validate
+
+    register_configs()
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+        cfg = compose("train", overrides=[*overrides, "runner=sequential", "runner.n_actors=2"])
+    settings = validate(cfg, [])
+    torch.set_num_threads(settings.train.torch_threads)
+    torch.manual_seed(settings.train.seed)
+    factory, obs_space, action_space = check_env(settings)
+    run = build_run(settings, factory, obs_space, action_space)
+    learner = run.learner
+    with run.runner:
+        if hasattr(run.runner, "sample_batch"):  # SAC: a buffer filled by the initial policy
+            run.runner.init_replay_buffer()
+            batch = run.runner.sample_batch(learner.device)
+        else:
+            batch = run.runner.collect_outputs(learner.device)[0]
+    samples = len(batch.transitions) if hasattr(batch, "transitions") else batch.rewards.numel()
+
+    def update() -> None:
+        learner.update(batch)
+
+    return learner, update, samples, settings.train.torch_threads
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("overrides", nargs="+", help="train's overrides, e.g. +env=minatar algorithm=ppo")
+    parser.add_argument("--variants", nargs="+", default=["fp32", "bf16", "compile"], choices=sorted(VARIANTS))
+    parser.add_argument("--updates", type=int, default=20, help="updates timed per variant and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    learners = {}
+    for name in args.variants:
+        learner, update, samples, threads = build([*args.overrides, *VARIANTS[name]])
+        t0 = time.perf_counter()
+        update()  # the first call: compilation, autocast's caches
+        update()
+        learner.metrics.clear()
+        learners[name] = (update, samples, time.perf_counter() - t0)
+        print(f"{name}: first two updates {learners[name][2]:.1f} s (precision {learner.precision})", flush=True)
+    rates: dict[str, list[float]] = {name: [] for name in learners}
+    for _ in range(args.rounds):
+        for name, (update, _, _) in learners.items():
+            t0 = time.perf_counter()
+            for _ in range(args.updates):
+                update()
+            rates[name].append(args.updates / (time.perf_counter() - t0))
+    print(f"\n{' '.join(args.overrides)}: {args.updates} updates x {args.rounds} rounds, torch threads {threads}")
+    print("| variant | updates/s (median) | samples/s | every round | first two updates (s) |")
+    print("|---|---:|---:|---|---:|")
+    base = statistics.median(rates[args.variants[0]])
+    for name, (_, samples, first_s) in learners.items():
+        median = statistics.median(rates[name])
+        every = ", ".join(f"{r:.2f}" for r in rates[name])
+        print(f"| {name} | {median:.2f} ({median / base:.2f}x) | {median * samples:,.0f} | {every} | {first_s:.1f} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
