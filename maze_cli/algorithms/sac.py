@@ -353,5 +353,8 @@ class SacLoop:
         stats.add("time/wait_actors_s", t1 - t0)
         stats.add("time/sample_s", sample_s)
         stats.add("time/learner_s", learn_s)
+        timings = self.learner.take_timings()
+        stats.add("time/learner_forward_s", timings["forward"])
+        stats.add("time/learner_backward_s", timings["backward"])
         stats.add("time/broadcast_s", time.perf_counter() - t2)
         return self.workers.env_steps - steps_before
