@@ -215,23 +215,33 @@ def cpu_has_bf16_units() -> bool:
 
 
 class _Compiled:
-    """A function compiled with torch.compile on its first call; compilations are logged."""
+    """A function compiled with torch.compile on its first call; compilations are logged (the first
+    call's always; a later one's where torch's counters say a graph was added, as a batch of a new
+    shape does)."""
 
     def __init__(self, fn: Callable, name: str, mode: str):
         self.fn, self.name, self.mode = fn, name, mode
         self.compiled: Callable | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from torch._dynamo.utils import counters
-
-        if self.compiled is None:
+        first = self.compiled is None
+        if first:
             self.compiled = torch.compile(self.fn, mode=None if self.mode == "default" else self.mode, dynamic=False)
-        graphs = counters["stats"]["unique_graphs"]
+        graphs = _compiled_graphs()
         t0 = time.perf_counter()
         out = self.compiled(*args, **kwargs)
-        if counters["stats"]["unique_graphs"] != graphs:
+        if first or _compiled_graphs() != graphs:
             log.info(f"compiled {self.name} in {time.perf_counter() - t0:.1f} s (learner.compile=true)")
         return out
+
+
+def _compiled_graphs() -> int | None:
+    """How many graphs torch.compile has made in this process (None where torch does not say)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:  # a torch without this (private) counter: only first compilations are logged
+        return None
+    return counters["stats"]["unique_graphs"]
 
 
 def _grad_scaler(device: torch.device):
