@@ -34,6 +34,7 @@ log = logging.getLogger("maze_cli")
 RAY_MISSING = "runner=ray needs Ray, an optional extra: pip install 'maze_cli[ray]' (or pip install ray)"
 _POLL_S = 1.0
 _PLACEMENT_LOG_S = 10.0  # while actors wait for resources, say so this often
+_START_S = 60.0  # how long actors the cluster has room for may take to start, whatever runner.rollout_timeout_s says
 
 
 class ActorsNotPlaced(MazeCliError, RuntimeError):
@@ -194,7 +195,8 @@ class RayDistributedActors(DistributedActors):
     def _await_placement(self, ray) -> list[dict[str, Any]]:
         """Where each actor runs, logged; an empty dict for one that failed to start (its first
         rollout request meets the failure and recovers from it). Actors the cluster cannot place
-        within `rollout_timeout_s` end the run with what they need and what the cluster has."""
+        within `rollout_timeout_s` (or `_START_S`, where it has the resources for them all) end the
+        run with what they need and what the cluster has."""
         from ray.exceptions import RayError
 
         refs = [handle.placement.remote() for handle in self.handles]
@@ -207,7 +209,9 @@ class RayDistributedActors(DistributedActors):
                 break
             missing = sorted(refs.index(ref) for ref in unplaced)
             if limit is not None and waited >= limit:
-                raise ActorsNotPlaced(self._not_placed_message(ray, missing, waited))
+                if limit >= _START_S or not self._cluster_holds(ray, len(refs)):
+                    raise ActorsNotPlaced(self._not_placed_message(ray, missing, waited))
+                limit = _START_S  # the cluster has room for them all: they are starting
             log.info(f"waiting for Ray to place actors {_indices(missing)} ({waited:.0f} s; {self._needs()} each)")
         placements = []
         for index, ref in enumerate(refs):
@@ -219,6 +223,15 @@ class RayDistributedActors(DistributedActors):
             log.info(f"ray actor {index} on node {where['ip']} ({where['node_id'][:12]}), pid {where['pid']}")
             placements.append(where)
         return placements
+
+    def _cluster_holds(self, ray, n: int) -> bool:
+        """Whether the cluster's resources, in all, hold `n` actors' needs: if so, actors not placed yet
+        are most likely still starting (a process importing torch on a busy machine), and are given
+        up to `_START_S` before the run ends."""
+        total = ray.cluster_resources()
+        o = self.actor_options
+        needs = {"CPU": o["num_cpus"], "GPU": o["num_gpus"], **o["resources"]}
+        return all(total.get(k, 0.0) >= v * n for k, v in needs.items() if v)
 
     def _needs(self) -> str:
         o = self.actor_options
