@@ -14,6 +14,7 @@ rollouts by the rollouts' `env_id`, so it needs no state in the actors.
 from __future__ import annotations
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 
@@ -54,6 +55,23 @@ class RunningMeanStd(nn.Module):
         mean, std = self.mean.to(x.dtype), (self.var + _EPS).sqrt().to(x.dtype)
         return ((x - mean) / std).clamp(-clip, clip)
 
+    def normalize_step(self, x: torch.Tensor, clip: float) -> torch.Tensor:
+        """`normalize` for acting, which normalizes every step while the statistics change once per
+        weight update: their conversion to x's dtype is kept until `mean` or `var` is replaced or
+        written in place (merged, loaded), as their version counters tell. Not for the learner's
+        forward (a compiled graph would not see the check)."""
+        mean, var = self.mean, self.var
+        try:
+            versions = (mean._version, var._version)
+        except RuntimeError:  # inference tensors (a module built under inference_mode) count no versions
+            return self.normalize(x, clip)
+        cached = self.__dict__.get("_step_moments")
+        if cached is None or cached[0] is not mean or cached[1] is not var or cached[2] != versions or cached[3] != x.dtype:
+            with torch.inference_mode(False):  # ordinary tensors, whatever mode the actor runs in
+                cached = (mean, var, versions, x.dtype, mean.to(x.dtype), (var + _EPS).sqrt().to(x.dtype))
+            self.__dict__["_step_moments"] = cached
+        return ((x - cached[4]) / cached[5]).clamp_(-clip, clip)
+
 
 def vector_keys(space: gym.Space) -> list[str]:
     """The observation keys worth normalizing: float Boxes of rank 0-2 (images keep their own scaling)."""
@@ -77,6 +95,13 @@ class ObservationNormalizer(nn.Module):
         out = dict(observations)
         for key, stats in zip(self.keys, self.stats):
             out[key] = stats.normalize(observations[key], self.clip)
+        return out
+
+    def step(self, observations: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`forward` for acting (see `RunningMeanStd.normalize_step`): the same values, fewer ops."""
+        out = dict(observations)
+        for key, stats in zip(self.keys, self.stats):
+            out[key] = stats.normalize_step(observations[key], self.clip)
         return out
 
     @torch.no_grad()
@@ -109,15 +134,16 @@ class RewardScaler:
             grown = torch.zeros(int(ids.max()) + 1, dtype=torch.float64)
             grown[: self.returns.numel()] = self.returns
             self.returns = grown
-        rewards, dones = batch.rewards.to(torch.float64).cpu(), batch.dones.cpu()
-        real = ~batch.autoreset.cpu()
-        ret, seen = self.returns[ids], []
+        # The recurrence in numpy, whose small-array ops cost a fraction of torch's (the learner runs
+        # it every update); the same float64 math, so the same numbers.
+        rewards, dones = batch.rewards.to(torch.float64).cpu().numpy(), batch.dones.cpu().numpy()
+        ret, returns = self.returns[ids].numpy(), np.empty_like(rewards)
         for t in range(rewards.shape[0]):
             ret = ret * self.gamma + rewards[t]
-            seen.append(ret[real[t]])
-            ret = torch.where(dones[t], torch.zeros_like(ret), ret)
-        self.returns[ids] = ret
-        self.stats.update(torch.cat(seen))
+            returns[t] = ret
+            ret = np.where(dones[t], 0.0, ret)
+        self.returns[ids] = torch.from_numpy(ret)
+        self.stats.update(torch.from_numpy(returns[~batch.autoreset.cpu().numpy()]))  # autoreset steps are no transitions
         scale = float((self.stats.var + _EPS).sqrt())
         return (batch.rewards / scale).clamp(-self.clip, self.clip)
 

@@ -248,3 +248,43 @@ def test_the_tanh_of_large_batches_matches_torchs_in_value_and_gradient():
     torch.tanh(native).backward(grad)
     assert torch.allclose(Tanh()(x), torch.tanh(x), atol=1e-6)
     assert torch.allclose(mine.grad, native.grad, atol=1e-5)
+
+
+@pytest.mark.parametrize("config", [
+    {"id": "CartPole-v1", "max_episode_steps": 30},  # vectorized: autoreset steps, which no episode counts
+    {"id": "CartPole-v1", "max_episode_steps": 30, "vectorize": False, "reward_clip": 0.5},  # stats keep the env's rewards
+])
+def test_episode_returns_and_lengths_are_those_of_the_recorded_steps_across_rollouts(config):
+    from maze_cli.envs.spaces import action_spec, observation_specs
+    from maze_cli.parallel.actor_loop import Actor
+    from maze_cli.records import RolloutSpec
+
+    env_fn = EnvFactory(config)
+    env = env_fn()
+    n_envs, n_steps = 3, 7  # episodes of up to 30 steps span several rollouts
+    actor = Actor(0, env_fn, make_policy(env), n_envs, n_steps, env_seed=1, agent_seed=2)
+    record = RolloutSpec(observation_specs(env.observation_space), action_spec(env.action_space), n_steps, n_envs).allocate()
+    returns, lengths, expected_returns, expected_lengths = [], [], [], []
+    running_return, running_length = [0.0] * n_envs, [0] * n_envs
+    try:
+        for _ in range(25):
+            info = actor.collect(record)
+            returns += info.episode_returns
+            lengths += info.episode_lengths
+            for t in range(n_steps):  # the count a reader of the records would make, step by step
+                for i in range(n_envs):
+                    if not record.autoreset[t, i]:
+                        running_return[i] += 1.0 if "reward_clip" in config else float(record.rewards[t, i])
+                        running_length[i] += 1
+                    if record.terminated[t, i] or record.truncated[t, i]:
+                        expected_returns.append(running_return[i])
+                        expected_lengths.append(running_length[i])
+                        running_return[i], running_length[i] = 0.0, 0
+    finally:
+        actor.close()
+    assert len(expected_lengths) > 10 and max(expected_lengths) == 30  # some episodes truncated, all counted
+    assert lengths == expected_lengths
+    assert returns == pytest.approx(expected_returns)
+    if "reward_clip" in config:
+        assert returns == [float(n) for n in lengths]  # CartPole's reward, 1 a step, not the learner's clipped 0.5
+        assert set(record.rewards.flatten().tolist()) == {0.5}

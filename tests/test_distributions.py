@@ -17,7 +17,7 @@ from torch.distributions import Independent, Normal
 from maze_cli.policies.distributions import Categorical, DiagGaussian, MultiCategorical, make_distribution
 
 BATCH_SHAPES = [(), (5,), (3, 4)]  # (3, 4) is a time-major [T, B] batch
-CHI2_CRIT_P001 = {3: 16.27, 18: 42.31, 23: 49.73}  # chi-square critical values at p = 0.001
+CHI2_CRIT_P001 = {3: 16.27, 9: 27.88, 18: 42.31, 23: 49.73}  # chi-square critical values at p = 0.001
 NVEC = [3, 2, 4]
 
 
@@ -248,3 +248,57 @@ def test_make_distribution_sizes_its_parameters_from_the_space():
     assert isinstance(multi, MultiCategorical) and multi.n_params == 9 and multi.sizes == NVEC
     box = make_distribution(gym.spaces.Box(-1.0, 1.0, shape=(2, 3)))
     assert isinstance(box, DiagGaussian) and box.dim == 6 and box.n_params == 12
+
+
+# ------------------------------------------------------------------ acting: a sample and its log-prob at once
+
+
+def test_categorical_sample_with_log_prob_returns_the_log_softmax_of_the_chosen_action():
+    logits = torch.randn(7, 5, generator=generator(10)) * 3
+    with seeded(4):
+        actions, logp = Categorical(5).sample_with_log_prob(logits)
+    assert actions.shape == logp.shape == (7,) and actions.dtype == torch.int64
+    assert torch.equal(logp, Categorical(5).log_prob(logits, actions))
+    assert torch.equal(logp, torch.log_softmax(logits, -1)[torch.arange(7), actions])
+
+
+def test_multi_categorical_and_gaussian_sample_with_log_prob_match_log_prob():
+    logits = torch.randn(6, sum(NVEC), generator=generator(11))
+    with seeded(5):
+        actions, logp = MultiCategorical(NVEC).sample_with_log_prob(logits)
+    assert actions.shape == (6, 3) and torch.equal(logp, MultiCategorical(NVEC).log_prob(logits, actions))
+    params = torch.cat([torch.randn(6, 2, generator=generator(12)), torch.empty(6, 2).uniform_(-3.0, 1.0, generator=generator(13))], -1)
+    with seeded(6):
+        actions, logp = DiagGaussian(2).sample_with_log_prob(params)
+    assert actions.shape == (6, 2)
+    torch.testing.assert_close(logp, DiagGaussian(2).log_prob(params, actions), atol=1e-5, rtol=1e-6)
+
+
+def test_a_policy_acts_with_its_probabilities_and_reports_their_log():
+    """`Policy.act` on a batch of copies of three observations: per observation, the action counts
+    against the policy's softmax (chi-square at p = 0.001, 3 x 3 degrees of freedom), and every
+    log-prob equals the distribution's log_prob of the action taken. The same counts against a
+    slightly different policy (logits halved) are far beyond the bound: the check can fail."""
+    from maze_cli.policies import ActorCritic, mlp_network
+
+    space = gym.spaces.Box(-1.0, 1.0, (2,), float)
+    torch.manual_seed(0)
+    policy = ActorCritic(space, gym.spaces.Discrete(4), mlp_network((8,)))
+    with torch.no_grad():
+        policy.policy_head.weight.mul_(100.0)  # away from the near-uniform start (gain 0.01), so a wrong sampler shows
+    obs = torch.tensor([[0.5, -0.5], [-1.0, 0.2], [0.9, 0.9]])
+    n = 20_000
+    batch = {"obs": obs.repeat(n, 1)}
+    with seeded(7):
+        actions, logp, _ = policy.act(batch)
+    with torch.no_grad():
+        params, _ = policy.action_params(batch, (), None)
+    assert torch.equal(logp, policy.distribution.log_prob(params, actions))
+    per_obs = actions.view(n, 3)
+    logits = params[:3].double()
+    probs = torch.softmax(logits, -1)
+    assert probs.max() < 0.99 and probs.min() > 0.002  # no action certain or unseen
+    counts = [torch.bincount(per_obs[:, i], minlength=4).double() for i in range(3)]
+    assert sum(chi_square(c, p) for c, p in zip(counts, probs)) < CHI2_CRIT_P001[9]
+    wrong = torch.softmax(logits / 2, -1)
+    assert sum(chi_square(c, p) for c, p in zip(counts, wrong)) > 10 * CHI2_CRIT_P001[9]

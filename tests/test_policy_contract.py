@@ -111,3 +111,135 @@ def test_a_recurrent_run_resumes_from_its_checkpoint(tmp_path):
     rows = read_stats(run_dir)
     assert rows[-1]["env_steps"] >= 40000, rows[-1]
     assert [row["epoch"] for row in rows] == list(range(1, len(rows) + 1))
+
+
+
+# -- acting's one-step path (`PolicyNetwork.step`, `Policy.act`) computes what the learner's forward does
+
+STEP_CASES = {
+    "mlp": ({"obs": "box"}, mlp_network((8, 8))),
+    "mlp-relu-dict": ({"count": "box", "parity": "discrete", "grid": "grid"}, mlp_network((8,), "relu")),
+    "mlp-elu": ({"obs": "box"}, mlp_network((8,), "elu")),
+    "mlp-no-hidden": ({"obs": "box"}, mlp_network(())),
+    **{name: ({"obs": "box"}, network) for name, network in NETWORKS.items()},
+    "cnn": ({"image": "image", "pos": "box"}, {"_target_": "maze_cli.policies.cnn.CnnNetwork", "encoder": "small", "hidden_sizes": [8]}),
+    "user-plain-module": ({"obs": "box"}, {"_target_": "tests.user_components.ResidualMlp"}),
+}
+
+
+def observation_space(kinds: dict):
+    import gymnasium as gym
+    import numpy as np
+
+    make = {"box": lambda: gym.spaces.Box(-2.0, 2.0, (3,), np.float32), "discrete": lambda: gym.spaces.Discrete(4, start=1),
+            "grid": lambda: gym.spaces.Box(0.0, 1.0, (2, 2), np.float32), "image": lambda: gym.spaces.Box(0, 255, (8, 8, 2), np.uint8)}
+    spaces = {key: make[kind]() for key, kind in kinds.items()}
+    return spaces["obs"] if list(spaces) == ["obs"] else gym.spaces.Dict(spaces)
+
+
+def random_observations(space, batch: int) -> dict:
+    from maze_cli.envs.spaces import observation_specs
+
+    g = torch.Generator().manual_seed(3)
+    out = {}
+    for key, spec in observation_specs(space).items():
+        if spec.dtype == torch.uint8:
+            out[key] = torch.randint(0, 256, (batch, *spec.shape), generator=g, dtype=torch.uint8)
+        elif spec.dtype == torch.int64:
+            out[key] = torch.randint(0, 4, (batch, *spec.shape), generator=g)
+        else:
+            out[key] = torch.randn(batch, *spec.shape, generator=g)
+    return out
+
+
+@pytest.mark.parametrize("case", STEP_CASES)
+def test_acting_steps_as_the_learner_unrolls_a_rollout_of_one_step(case):
+    import gymnasium as gym
+
+    from maze_cli.policies.base import one_step
+
+    kinds, network = STEP_CASES[case]
+    space = observation_space(kinds)
+    torch.manual_seed(0)
+    policy = ActorCritic(space, gym.spaces.Discrete(3), network, normalize_obs=True)
+    policy.obs_normalizer.update(random_observations(space, 64))  # statistics other than the initial ones
+    obs = random_observations(space, 5)
+    state = tuple(torch.randn_like(s) for s in policy.initial_state(5))  # the policy's and the value network's
+    starts = torch.tensor([True, False, False, True, False])
+    k = len(policy.network.initial_state(1))
+    with torch.inference_mode():
+        # The network alone: `step` against `forward` on [1, B].
+        net_obs = policy.obs_normalizer(obs)
+        stepped, stepped_state = policy.network.step(net_obs, state[:k], starts)
+        unrolled, unrolled_state = policy.network(*one_step(net_obs, starts)[:1], state[:k], starts.unsqueeze(0))
+        torch.testing.assert_close(stepped, unrolled[0], atol=1e-6, rtol=1e-6)
+        # The policy: acting's params and next state are the learner forward's for a rollout of length 1.
+        params, next_state = policy.action_params(obs, state, starts)
+        full = policy(*one_step(obs, starts)[:1], state, starts.unsqueeze(0))
+    torch.testing.assert_close(params, full.params[0], atol=1e-6, rtol=1e-6)
+    assert len(next_state) == len(full.state) == len(state)
+    for a, b in zip(next_state, full.state):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    for a, b in zip(stepped_state, unrolled_state):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_acting_follows_the_weights_loaded_in_place_assigned_anew_or_copied():
+    import copy
+    import pickle
+
+    env = CountingEnv(length=5)
+
+    def make(seed: int) -> ActorCritic:
+        torch.manual_seed(seed)
+        policy = ActorCritic(env.observation_space, env.action_space, mlp_network((8,)), normalize_obs=True)
+        policy.obs_normalizer.update({"obs": torch.rand(100, 1) * 5 * (seed + 1)})
+        return policy
+
+    obs = {"obs": torch.rand(4, 1) * 5}
+
+    def acting_params(policy: ActorCritic) -> torch.Tensor:
+        with torch.inference_mode():
+            return policy.action_params(obs, (), None)[0]
+
+    source = make(1)
+    expected = source({"obs": obs["obs"].unsqueeze(0)}).params[0].detach()
+    for assign in (False, True):  # in place (as actors pull weights), or new tensors in place of the old
+        policy = make(0)
+        before = acting_params(policy)  # whatever acting prepares, prepared for the old weights
+        policy.load_state_dict(source.state_dict(), assign=assign)
+        torch.testing.assert_close(acting_params(policy), expected)
+        assert not torch.allclose(before, expected)
+    for copied in (copy.deepcopy(policy), pickle.loads(pickle.dumps(policy))):
+        torch.testing.assert_close(acting_params(copied), expected)
+        copied.load_state_dict(make(2).state_dict())
+        assert not torch.allclose(acting_params(copied), expected)
+    torch.testing.assert_close(acting_params(policy), expected)  # the copies own their weights
+
+
+def test_acting_normalizes_observations_with_the_statistics_of_the_moment():
+    import gymnasium as gym
+    import numpy as np
+
+    from maze_cli.normalization import ObservationNormalizer
+
+    space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    normalizer = ObservationNormalizer(space)
+    obs = {"obs": torch.randn(4, 3) * 3 + 1}
+    for batch in (torch.randn(50, 3) * 2 + 4, torch.randn(10, 3) - 3):
+        with torch.inference_mode():
+            stepped = normalizer.step(obs)["obs"]
+        assert torch.equal(stepped, normalizer(obs)["obs"])
+        normalizer.update({"obs": batch})  # the learner's update
+        with torch.inference_mode():
+            assert not torch.equal(normalizer.step(obs)["obs"], stepped)
+    loaded = ObservationNormalizer(space)
+    with torch.inference_mode():
+        loaded.step(obs)
+    loaded.load_state_dict(normalizer.state_dict())
+    with torch.inference_mode():
+        assert torch.equal(loaded.step(obs)["obs"], normalizer(obs)["obs"])
+    # What acting prepared under inference_mode can be saved for a backward pass afterwards.
+    x = obs["obs"].clone().requires_grad_()
+    normalizer.step({"obs": x})["obs"].sum().backward()
+    assert x.grad is not None

@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from maze_cli.envs.spaces import ObservationWriter, action_to_env
+from maze_cli.envs.spaces import ObservationWriter, actions_to_env
 from maze_cli.seeding import derive_seed, derive_seeds
 
 
@@ -53,8 +53,8 @@ class EnvList:
         truncated = np.zeros(n, dtype=bool)
         final: dict[int, Any] = {}
         next_obs = []
-        for i, env in enumerate(self.envs):
-            obs, reward, term, trunc, _ = env.step(action_to_env(self.action_space, actions[i]))
+        for i, (env, action) in enumerate(zip(self.envs, actions_to_env(self.action_space, actions))):
+            obs, reward, term, trunc, _ = env.step(action)
             rewards[i], terminated[i], truncated[i] = reward, term, trunc and not term
             if term or trunc:
                 if truncated[i]:
@@ -63,7 +63,7 @@ class EnvList:
             next_obs.append(obs)
         return BatchStep(next_obs, rewards, terminated, truncated, final, self._no_autoreset)
 
-    def write(self, observations: list[Any], out: dict[str, torch.Tensor]) -> None:
+    def write(self, observations: list[Any], out: dict[str, torch.Tensor | np.ndarray]) -> None:
         self.writer.write(observations, out)
 
     def close(self) -> None:
@@ -88,26 +88,30 @@ class VectorEnvBatch:
             raise ValueError(f"vectorized env with autoreset mode {mode} is not supported; set env.vectorize=false")
         self.next_step_autoreset = mode == AutoresetMode.NEXT_STEP
         self._ended = np.zeros(self.n_envs, dtype=bool)
+        self._no_autoreset = np.zeros(self.n_envs, dtype=bool)
 
     def reset(self, seed: int) -> Any:
-        self._ended[:] = False
+        self._ended = np.zeros(self.n_envs, dtype=bool)
         return self.env.reset(seed=derive_seed(seed, "vector_env"))[0]
 
     def step(self, actions: np.ndarray) -> BatchStep:
         obs, rewards, terminated, truncated, info = self.env.step(_vector_actions(self.action_space, actions, self.n_envs))
         terminated = np.asarray(terminated, dtype=bool)
-        truncated = np.asarray(truncated, dtype=bool) & ~terminated
+        truncated = np.asarray(truncated, dtype=bool)
+        any_truncated = np.count_nonzero(truncated) > 0  # (count_nonzero: cheaper than any() on small arrays)
+        if any_truncated:
+            truncated = truncated & ~terminated
         if self.next_step_autoreset:
-            autoreset = self._ended.copy()
+            autoreset = self._ended  # replaced below, never written in place
             # The observation returned with an episode's end is its final one; next step resets.
-            final = {int(i): _row(obs, i) for i in np.flatnonzero(truncated)}
+            final = {int(i): _row(obs, i) for i in np.flatnonzero(truncated)} if any_truncated else {}
             self._ended = terminated | truncated
         else:
-            autoreset = np.zeros(self.n_envs, dtype=bool)
-            final = {int(i): _row(info["final_obs"], i) for i in np.flatnonzero(truncated)}
+            autoreset = self._no_autoreset
+            final = {int(i): _row(info["final_obs"], i) for i in np.flatnonzero(truncated)} if any_truncated else {}
         return BatchStep(obs, np.asarray(rewards, dtype=np.float32), terminated, truncated, final, autoreset)
 
-    def write(self, observations: Any, out: dict[str, torch.Tensor]) -> None:
+    def write(self, observations: Any, out: dict[str, torch.Tensor | np.ndarray]) -> None:
         self.writer.write_batch(observations, out)
 
     def close(self) -> None:
@@ -124,7 +128,8 @@ def _row(batched: Any, i: int) -> Any:
 def _vector_actions(space: gym.Space, actions: np.ndarray, n: int) -> np.ndarray:
     """The action tensor's rows as the batched action a vectorized env expects."""
     if isinstance(space, gym.spaces.Discrete):
-        return actions.astype(space.dtype, copy=False) + space.start
+        actions = actions.astype(space.dtype, copy=False)
+        return actions + space.start if space.start else actions
     if isinstance(space, gym.spaces.MultiDiscrete):
         return actions.reshape(n, *space.nvec.shape).astype(space.dtype) + space.start
     return np.clip(actions.reshape(n, *space.shape), space.low, space.high).astype(space.dtype)

@@ -93,8 +93,22 @@ def action_to_env(space: gym.Space, action: np.ndarray) -> Any:
     return np.clip(action.reshape(space.shape), space.low, space.high).astype(space.dtype)
 
 
+def actions_to_env(space: gym.Space, actions: np.ndarray) -> list[Any]:
+    """`action_to_env` for every row of a batch of actions, converted in one go (what an actor
+    stepping single envs pays per step, not per env)."""
+    n = len(actions)
+    if isinstance(space, gym.spaces.Discrete):
+        actions = actions.astype(np.int64, copy=False)
+        return (actions + int(space.start)).tolist() if space.start else actions.tolist()
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return list(actions.reshape(n, *space.nvec.shape).astype(space.dtype) + space.start)
+    return list(np.clip(actions.reshape(n, *space.shape), space.low, space.high).astype(space.dtype))
+
+
 class ObservationWriter:
-    """Writes a list of raw observations (one per env) into preallocated `[B, ...]` tensors.
+    """Writes raw observations (one per env, or already batched) into preallocated `[B, ...]` targets:
+    torch tensors, or numpy arrays (an actor writes numpy views of its record: an assignment per key
+    costs a fraction of a tensor copy).
 
     Built once per actor so the per-step work is a stack and a copy per key, nothing more.
     """
@@ -104,7 +118,7 @@ class ObservationWriter:
         self.keys = list(observation_specs(space))
         self.is_dict = isinstance(space, gym.spaces.Dict)
         self.offsets = {
-            key: int(sub.start) for key, sub in _flatten_spaces(space).items() if isinstance(sub, gym.spaces.Discrete)
+            key: int(sub.start) for key, sub in _flatten_spaces(space).items() if isinstance(sub, gym.spaces.Discrete) and int(sub.start)
         }
 
     def _lookup(self, obs: Any, key: str) -> Any:
@@ -114,28 +128,28 @@ class ObservationWriter:
             obs = obs[part]
         return obs
 
-    def write(self, observations: list[Any], out: dict[str, torch.Tensor]) -> None:
+    def write(self, observations: list[Any], out: dict[str, torch.Tensor | np.ndarray]) -> None:
         """Write one observation per env."""
         for key in self.keys:
-            self._copy(key, np.asarray([self._lookup(o, key) for o in observations]), out)
+            self._copy(key, np.asarray([self._lookup(o, key) for o in observations]), out[key])
 
-    def write_batch(self, observations: Any, out: dict[str, torch.Tensor]) -> None:
+    def write_batch(self, observations: Any, out: dict[str, torch.Tensor | np.ndarray]) -> None:
         """Write an already batched observation (arrays with a leading env dim, as a vectorized env returns)."""
         for key in self.keys:
-            self._copy(key, np.asarray(self._lookup(observations, key)), out)
+            self._copy(key, np.asarray(self._lookup(observations, key)), out[key])
 
-    def _copy(self, key: str, values: np.ndarray, out: dict[str, torch.Tensor]) -> None:
+    def _copy(self, key: str, values: np.ndarray, target: torch.Tensor | np.ndarray) -> None:
         if key in self.offsets:
-            values = values - self.offsets[key]
-        out[key].copy_(torch.from_numpy(values).reshape(out[key].shape))
+            values = np.asarray(values - self.offsets[key])
+        if isinstance(target, np.ndarray):
+            target[...] = values.reshape(target.shape)
+        else:
+            target.copy_(torch.from_numpy(values).reshape(target.shape))
 
-    def write_one(self, observation: Any, index: int, out: dict[str, torch.Tensor]) -> None:
+    def write_one(self, observation: Any, index: int, out: dict[str, torch.Tensor | np.ndarray]) -> None:
         """Overwrite column `index` (used when one env resets)."""
         for key in self.keys:
-            value = np.asarray(self._lookup(observation, key))
-            if key in self.offsets:
-                value = np.asarray(value - self.offsets[key])
-            out[key][index].copy_(torch.from_numpy(value).reshape(out[key][index].shape))
+            self._copy(key, np.asarray(self._lookup(observation, key)), out[key][index : index + 1])
 
 
 # JSON-able space descriptions: checkpoints store a policy's spaces as plain data (no pickles), and

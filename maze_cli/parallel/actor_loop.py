@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from maze_cli.envs.batch import BatchStep, make_env_batch
+from maze_cli.envs.batch import make_env_batch
 from maze_cli.envs.spaces import observation_specs
 from maze_cli.records import Rollout, RolloutInfo
 
@@ -88,7 +88,19 @@ class Actor:
 
     def _collect(self, out: Rollout) -> RolloutInfo:
         info = RolloutInfo(actor_index=self.index, policy_version=self.policy_version, env_steps=self.n_steps * self.n_envs)
+        n_steps = self.n_steps
         t_env = t_inference = t_record = 0.0
+        # The record's rows, made once per rollout: the policy reads torch views of them; the env's
+        # results go in through numpy views of the same memory (an assignment costs a fraction of a
+        # tensor copy_, which an actor would pay a dozen times a step).
+        obs_rows = {key: value.unbind(0) for key, value in out.observations.items()}
+        obs_np = {key: value.numpy() for key, value in out.observations.items()}
+        start_rows = out.episode_start.unbind(0)
+        episode_start = out.episode_start.numpy()
+        actions, logps = [], []
+        rewards, terminated = out.rewards.numpy(), out.terminated.numpy()
+        truncated, autoreset = out.truncated.numpy(), out.autoreset.numpy()
+        env_rewards = rewards if self.reward_clip is None else np.empty_like(rewards)  # the stats keep the env's
         for key, value in self.current_obs.items():
             out.observations[key][0].copy_(value)
         out.episode_start[0].copy_(self.episode_start)
@@ -100,35 +112,41 @@ class Actor:
         for value in out.final_observations.values():
             value.zero_()
         policy = self.initial_policy if self.initial_policy is not None and self.policy_version == 0 else self.policy
-        state = self.state
-        for t in range(self.n_steps):
+        envs, state = self.envs, self.state
+        for t in range(n_steps):
             t0 = time.perf_counter()
-            obs_t = {key: value[t] for key, value in out.observations.items()}
-            actions, logp, state = policy.act(obs_t, state, out.episode_start[t])
-            out.actions[t].copy_(actions)
-            out.behaviour_logp[t].copy_(logp)
+            action, logp, state = policy.act({key: rows[t] for key, rows in obs_rows.items()}, state, start_rows[t])
+            actions.append(action)
+            logps.append(logp)
             t1 = time.perf_counter()
-            step = self.envs.step(actions.numpy())
+            step = envs.step(action.numpy())
             t2 = time.perf_counter()
-            self.envs.write(step.observations, {key: value[t + 1] for key, value in out.observations.items()})
-            rewards = torch.from_numpy(step.rewards)
-            out.rewards[t].copy_(rewards if self.reward_clip is None else rewards.clamp(-self.reward_clip, self.reward_clip))
-            out.terminated[t].copy_(torch.from_numpy(step.terminated))
-            out.truncated[t].copy_(torch.from_numpy(step.truncated))
-            out.autoreset[t].copy_(torch.from_numpy(step.autoreset))
-            ended = step.terminated | step.truncated
-            starts = step.autoreset if self._resets_next_step else ended | step.autoreset
-            out.episode_start[t + 1].copy_(torch.from_numpy(starts))
+            envs.write(step.observations, {key: value[t + 1] for key, value in obs_np.items()})
+            env_rewards[t] = step.rewards
+            terminated[t] = step.terminated
+            truncated[t] = step.truncated
+            autoreset[t] = step.autoreset
+            if self._resets_next_step:
+                episode_start[t + 1] = step.autoreset
+            else:
+                np.logical_or(step.terminated, step.truncated, out=episode_start[t + 1])
+                episode_start[t + 1] |= step.autoreset
             for i, final_obs in step.final_observations.items():
-                self.envs.writer.write_one(final_obs, i, {key: value[t] for key, value in out.final_observations.items()})
-            self._count_episodes(step, info)
+                envs.writer.write_one(final_obs, i, {key: value[t] for key, value in out.final_observations.items()})
             t_inference += t1 - t0
             t_env += t2 - t1
             t_record += time.perf_counter() - t2
+        t2 = time.perf_counter()
+        out.actions.copy_(torch.stack(actions))  # (copy_: casts what a user's initial policy returns)
+        out.behaviour_logp.copy_(torch.stack(logps))
+        if self.reward_clip is not None:
+            np.clip(env_rewards, -self.reward_clip, self.reward_clip, out=rewards)
+        self._count_episodes(env_rewards, terminated | truncated, ~autoreset, info)
         for key, value in self.current_obs.items():
-            value.copy_(out.observations[key][self.n_steps])
-        self.episode_start.copy_(out.episode_start[self.n_steps])
+            value.copy_(out.observations[key][n_steps])
+        self.episode_start.copy_(out.episode_start[n_steps])
         self.state = state
+        t_record += time.perf_counter() - t2
         if out.behaviour_value is not None:
             self._record_values(out)
         info.timings = {"actor_env_step_s": t_env, "actor_inference_s": t_inference, "actor_record_s": t_record}
@@ -140,17 +158,20 @@ class Actor:
         observations = {key: value[: self.n_steps] for key, value in out.observations.items()}
         out.behaviour_value.copy_(self.policy.value(observations, out.initial_state, out.episode_start[: self.n_steps]))
 
-    def _count_episodes(self, step: BatchStep, info: RolloutInfo) -> None:
-        """Add the step to the running episodes; report and restart those that ended."""
-        real = ~step.autoreset
-        self.episode_return += step.rewards * real
-        self.episode_length += real
-        ended = step.terminated | step.truncated
-        if ended.any():
-            info.episode_returns.extend(self.episode_return[ended].tolist())
-            info.episode_lengths.extend(self.episode_length[ended].tolist())
-            self.episode_return[ended] = 0.0
-            self.episode_length[ended] = 0
+    def _count_episodes(self, rewards: np.ndarray, ended: np.ndarray, real: np.ndarray, info: RolloutInfo) -> None:
+        """Add a rollout's steps `[T, B]` to the running episodes (autoreset steps are no part of one);
+        report those that ended, in the order they ended, and restart them."""
+        step_returns = np.cumsum(rewards * real, axis=0, dtype=np.float64)
+        step_lengths = np.cumsum(real, axis=0, dtype=np.int64)
+        # An episode's return is the cumulative sum where it ended less where it began; `base` holds
+        # the latter per env (minus what it had gathered in earlier rollouts).
+        base_return, base_length = -self.episode_return, -self.episode_length
+        for t, i in np.argwhere(ended).tolist():
+            info.episode_returns.append(float(step_returns[t, i] - base_return[i]))
+            info.episode_lengths.append(int(step_lengths[t, i] - base_length[i]))
+            base_return[i], base_length[i] = step_returns[t, i], step_lengths[t, i]
+        self.episode_return = step_returns[-1] - base_return
+        self.episode_length = step_lengths[-1] - base_length
 
     def close(self) -> None:
         self.envs.close()

@@ -32,10 +32,18 @@ class SharedWeights:
         return self.version
 
     def pull(self, module: nn.Module) -> int:
-        """Copy a consistent version of the weights into `module`; returns that version."""
+        """Copy a consistent version of the weights into `module`'s own tensors; returns that version.
+
+        A copy per tensor into the module's state: what `load_state_dict` does, without its per-call
+        bookkeeping (an actor pays it once per rollout)."""
+        targets = module.state_dict(keep_vars=True)
+        if targets.keys() != self.tensors.keys() or any(targets[k].shape != t.shape for k, t in self.tensors.items()):
+            module.load_state_dict(self.tensors)  # raises, naming the keys or shapes that differ
         while True:
             before = int(self._sequence[0])
             if before % 2 == 0:
-                module.load_state_dict(self.tensors)
+                with torch.no_grad():
+                    for key, tensor in self.tensors.items():
+                        targets[key].copy_(tensor)
                 if int(self._sequence[0]) == before:
                     return before // 2

@@ -1,8 +1,8 @@
 """Actors in subprocesses: rollouts cross the process boundary through preallocated shared memory.
 
 Only a slot index and small metadata travel between the processes, and every actor has channels
-of its own: a queue of slots to fill (the learner's requests) and a pipe back to the learner. An
-actor killed anywhere, inside a queue or pipe operation too, thus breaks only its own channels,
+of its own: a pipe of slots to fill (the learner's requests) and a pipe back to the learner. An
+actor killed anywhere, inside a pipe operation too, thus breaks only its own channels,
 which its restart replaces; no lock is shared that a dead actor could hold. The learner owns the
 pool of `queue_size + n_actors` slots and hands each free slot to the actor with the fewest open
 ones, which bounds how stale a rollout can be (see `queue_out_of_sync_factor`); the slots of a
@@ -16,7 +16,6 @@ import copy
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
-import queue
 import time
 import traceback
 from typing import Callable
@@ -46,15 +45,17 @@ def _send(connection, message) -> bool:
         return False
 
 
-def _get(q, stop_event):
-    """Get unless the run is stopping or the parent is gone; None then."""
+def _get(connection, stop_event):
+    """Receive from the learner's requests unless the run is stopping or the learner is gone; None then."""
     parent = mp.parent_process()
     while not stop_event.is_set():
         try:
-            return q.get(timeout=_POLL_S)
-        except queue.Empty:
-            if parent is not None and not parent.is_alive():
-                return None
+            if connection.poll(_POLL_S):
+                return connection.recv()
+        except (EOFError, OSError):
+            return None
+        if parent is not None and not parent.is_alive():
+            return None
     return None
 
 
@@ -73,7 +74,7 @@ def actor_process(
     initial_policy: nn.Module | None,
     generation: int,
 ) -> None:
-    """The body of one actor subprocess: take a requested slot from its own queue, pull weights if
+    """The body of one actor subprocess: take a requested slot from its own pipe, pull weights if
     newer, fill the slot, send its index back through its own pipe.
 
     `generation` counts the actor's restarts; its error report carries it, so that a report from a
@@ -171,6 +172,7 @@ class SubprocDistributedActors(DistributedActors):
         # bookkeeping: slots not handed out, each actor's open requests (slot -> policy version and
         # time of the request), and messages received but not yet taken.
         self._requests: list = [None] * self.n_actors
+        self._request_readers: list = [None] * self.n_actors
         self._inboxes: list = [None] * self.n_actors
         self._idle_slots = list(range(n_slots))
         self._open: list[dict[int, tuple[int, float]]] = [{} for _ in range(self.n_actors)]
@@ -187,13 +189,18 @@ class SubprocDistributedActors(DistributedActors):
     def _spawn(self, index: int) -> None:
         """Start actor `index` with fresh channels of its own."""
         env_seed, agent_seed = self.restart_seeds(index)
-        self._requests[index] = self._ctx.Queue()
+        # Requests travel through a pipe the learner writes itself: an mp.Queue's feeder thread would
+        # contend for the learner's GIL after every slot handed out, which costs most when the actors
+        # keep every core busy (benchmarks/ACTING.md). The learner keeps its copy of the reading end
+        # open, so a write to a dead actor's pipe never fails (a few bytes a slot, at most the pool's
+        # slots: it never fills); a restart replaces the pipe.
+        self._request_readers[index], self._requests[index] = self._ctx.Pipe(duplex=False)
         inbox, outbox = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(
             target=actor_process,
             name=f"maze-actor-{index}",
             args=(
-                index, self.env_factory, self._policy_copy, self.rollout_spec, self.slots, self._requests[index], outbox,
+                index, self.env_factory, self._policy_copy, self.rollout_spec, self.slots, self._request_readers[index], outbox,
                 self.weights, self.stop_event, env_seed, agent_seed, self.initial_policy, self.actor_restarts[index],
             ),
             daemon=True,
@@ -215,7 +222,7 @@ class SubprocDistributedActors(DistributedActors):
             index = min(range(self.n_actors), key=lambda i: (len(self._open[i]), (i - self.policy_version) % self.n_actors))
             slot = self._idle_slots.pop()
             self._open[index][slot] = (self.policy_version, time.monotonic())
-            self._requests[index].put(slot)
+            self._requests[index].send(slot)
 
     def _restart_actor(self, index: int) -> None:
         """Replace actor `index`: its channels die with it, its open slots come back to the pool."""
@@ -231,8 +238,8 @@ class SubprocDistributedActors(DistributedActors):
             self._hand_out(0)
 
     def _close_channels(self, index: int) -> None:
-        self._requests[index].cancel_join_thread()
         self._requests[index].close()
+        self._request_readers[index].close()
         self._inboxes[index].close()
 
     def stop(self) -> None:

@@ -6,10 +6,11 @@ from typing import Any, Mapping
 
 import gymnasium as gym
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from maze_cli.normalization import ObservationNormalizer
-from maze_cli.policies.base import Observations, Policy, PolicyOutput, State, one_step
+from maze_cli.policies.base import Observations, Policy, PolicyOutput, State
 from maze_cli.policies.distributions import DiagGaussian, make_distribution
 from maze_cli.policies.mlp import linear, mlp_network
 from maze_cli.policies.network import build_network
@@ -45,13 +46,14 @@ class ActorCritic(Policy):
         if self.gaussian:
             self.log_std = nn.Parameter(torch.zeros(self.distribution.dim))
         self._n_policy_state = len(self.network.initial_state(1))
+        self._head = self.policy_head._parameters  # acting's head, without a module call (see mlp.layer_plan)
 
     def initial_state(self, batch_size: int) -> State:
         value_state = () if self.value_network is None else self.value_network.initial_state(batch_size)
         return self.network.initial_state(batch_size) + value_state
 
-    def _params(self, features: torch.Tensor) -> torch.Tensor:
-        params = self.policy_head(features)
+    def _params(self, params: torch.Tensor) -> torch.Tensor:
+        """The distribution's params from the policy head's output (a Gaussian's log std appended)."""
         if self.gaussian:
             params = torch.cat([params, self.log_std.expand_as(params)], dim=-1)
         return params
@@ -66,20 +68,21 @@ class ActorCritic(Policy):
             value_features, value_state = features, ()
         else:
             value_features, value_state = self.value_network(observations, state[k:], episode_start)
-        return PolicyOutput(self._params(features), self.value_head(value_features).squeeze(-1), policy_state + value_state)
+        params = self._params(self.policy_head(features))
+        return PolicyOutput(params, self.value_head(value_features).squeeze(-1), policy_state + value_state)
 
     def action_params(self, observations: Observations, state: State, episode_start: torch.Tensor | None) -> tuple[torch.Tensor, State]:
         """Acting skips the value head and, with two networks, the value network: half the work.
         A recurrent value network still steps its state, so the learner can unroll it alike."""
         k = self._n_policy_state
         if self.obs_normalizer is not None:
-            observations = self.obs_normalizer(observations)
-        obs, starts = one_step(observations, episode_start)
-        features, policy_state = self.network(obs, state[:k], starts)
+            observations = self.obs_normalizer.step(observations)
+        features, policy_state = self.network.step(observations, state[:k], episode_start)
         value_state = state[k:]
-        if self.value_network is not None and value_state:
-            _, value_state = self.value_network(obs, value_state, starts)
-        return self._params(features[0]), policy_state + value_state
+        if value_state:
+            _, value_state = self.value_network.step(observations, value_state, episode_start)
+        head = self._head
+        return self._params(F.linear(features, head["weight"], head["bias"])), policy_state + value_state
 
     @torch.no_grad()
     def value(self, observations: Observations, state: State = (), episode_start: torch.Tensor | None = None) -> torch.Tensor:

@@ -50,6 +50,14 @@ class PolicyNetwork(nn.Module, abc.ABC):
         (the state before step 0) and reset to `initial_state` wherever `episode_start[t]` is set;
         returns the features and the state after the last step."""
 
+    def step(self, observations: Observations, state: State, episode_start: torch.Tensor | None) -> tuple[torch.Tensor, State]:
+        """Acting's path: features `[B, out_dim]` of one step of a batch of envs `[B, ...]` (no autograd),
+        and the state after it. It must compute what `forward` computes for a rollout of length 1 (the
+        default does exactly that); networks override it where a cheaper path exists."""
+        obs, starts = one_step(observations, episode_start)
+        features, state = self(obs, state, starts)
+        return features[0], state
+
 
 class FeedForwardNetwork(PolicyNetwork):
     """A network without memory: `features` maps any leading dims `[..., obs]` to `[..., out_dim]`."""
@@ -59,6 +67,9 @@ class FeedForwardNetwork(PolicyNetwork):
         """Features of observations with any leading dimensions."""
 
     def forward(self, observations: Observations, state: State = (), episode_start: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+        return self.features(observations), state
+
+    def step(self, observations: Observations, state: State = (), episode_start: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
         return self.features(observations), state
 
 
@@ -94,16 +105,21 @@ class Policy(nn.Module, abc.ABC):
     def forward(self, observations: Observations, state: State, episode_start: torch.Tensor) -> PolicyOutput:
         """The learner's forward pass over time-major observations `[T, B, ...]`."""
 
-    @torch.no_grad()
     def act(
         self, observations: Observations, state: State = (), episode_start: torch.Tensor | None = None, deterministic: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, State]:
-        """One step for a batch of envs `[B, ...]`: (actions, their log-probs, the next state).
-        `deterministic` takes the distribution's mode (evaluation, `rollout`)."""
+        """One step for a batch of envs `[B, ...]`: (actions, their log-probs, the next state), without
+        autograd. `deterministic` takes the distribution's mode (evaluation, `rollout`)."""
+        if torch.is_grad_enabled():  # actors call it under inference_mode: no context to enter per step
+            with torch.no_grad():
+                return self.act(observations, state, episode_start, deterministic)
         params, state = self.action_params(observations, state, episode_start)
         dist = self.distribution
-        actions = dist.mode(params) if deterministic else dist.sample(params)
-        return actions, dist.log_prob(params, actions), state
+        if deterministic:
+            actions = dist.mode(params)
+            return actions, dist.log_prob(params, actions), state
+        actions, logp = dist.sample_with_log_prob(params)
+        return actions, logp, state
 
     def action_params(self, observations: Observations, state: State, episode_start: torch.Tensor | None) -> tuple[torch.Tensor, State]:
         """Distribution params `[B, P]` for one step, and the next state (acting skips value heads)."""

@@ -30,6 +30,9 @@ class IdentityCore(nn.Module):
     def forward(self, x: torch.Tensor, state: State, episode_start: torch.Tensor | None) -> tuple[torch.Tensor, State]:
         return x, state
 
+    def step(self, x: torch.Tensor, state: State, episode_start: torch.Tensor | None) -> tuple[torch.Tensor, State]:
+        return x, state
+
 
 class RecurrentCore(nn.Module):
     """An LSTM or GRU cell stepped over `[T, B, F]`; state `(h, c)` or `(h,)`, each `[B, size]`."""
@@ -64,6 +67,19 @@ class RecurrentCore(nn.Module):
                 state = (h,)
             outputs.append(h)
         return torch.stack(outputs), state
+
+    def step(self, x: torch.Tensor, state: State, episode_start: torch.Tensor | None) -> tuple[torch.Tensor, State]:
+        """One step of features `[B, F]` (acting): `forward` for a rollout of length 1, without its loop."""
+        if not state:
+            state = self.initial_state(x.shape[0])
+        if episode_start is not None:  # as in forward (a multiply: cheaper than masked_fill on CPU)
+            keep = (~episode_start).to(x.dtype).unsqueeze(-1)
+            state = tuple(s * keep for s in state)
+        if self.kind == "lstm":
+            h, c = self.cell.forward(x, state)
+            return h, (h, c)
+        h = self.cell.forward(x, state[0])
+        return h, (h,)
 
 
 def make_core(kind: str, in_dim: int, size: int | None) -> nn.Module:

@@ -32,6 +32,11 @@ class ActionDistribution:
     def entropy(self, params: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def sample_with_log_prob(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sample and its log-prob, as actors need them every step (distributions share the work)."""
+        actions = self.sample(params)
+        return actions, self.log_prob(params, actions)
+
 
 class Categorical(ActionDistribution):
     """One discrete choice; params are logits."""
@@ -40,9 +45,15 @@ class Categorical(ActionDistribution):
         self.n_params = n
 
     def sample(self, params: torch.Tensor) -> torch.Tensor:
-        # Gumbel-max: one op chain, no normalisation needed.
-        gumbel = -torch.log(-torch.log(torch.rand_like(params).clamp_(1e-20, 1.0)))
-        return (params + gumbel).argmax(dim=-1)
+        return self.sample_with_log_prob(params)[0]
+
+    def sample_with_log_prob(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Gumbel-max on the log-softmax the log-prob needs anyway: argmax(log p - log E) with E ~ Exp(1)
+        # (-log E is a standard Gumbel), one random draw per logit. The log-prob is the log-softmax
+        # entry of the chosen action, exactly what `log_prob` returns for it.
+        logp = F.log_softmax(params, dim=-1)
+        actions = (logp - torch.empty_like(logp).exponential_().log_()).argmax(dim=-1, keepdim=True)
+        return actions.squeeze(-1), logp.gather(-1, actions).squeeze(-1)
 
     def mode(self, params: torch.Tensor) -> torch.Tensor:
         return params.argmax(dim=-1)
@@ -68,7 +79,11 @@ class MultiCategorical(ActionDistribution):
         return params.split(self.sizes, dim=-1)
 
     def sample(self, params: torch.Tensor) -> torch.Tensor:
-        return torch.stack([d.sample(p) for d, p in zip(self.parts, self._split(params))], dim=-1)
+        return self.sample_with_log_prob(params)[0]
+
+    def sample_with_log_prob(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        actions, logps = zip(*(d.sample_with_log_prob(p) for d, p in zip(self.parts, self._split(params))))
+        return torch.stack(actions, dim=-1), sum(logps)
 
     def mode(self, params: torch.Tensor) -> torch.Tensor:
         return torch.stack([d.mode(p) for d, p in zip(self.parts, self._split(params))], dim=-1)
@@ -92,8 +107,16 @@ class DiagGaussian(ActionDistribution):
         return mean, log_std.clamp(-20.0, 2.0)
 
     def sample(self, params: torch.Tensor) -> torch.Tensor:
+        return self.sample_with_log_prob(params)[0]
+
+    def sample_with_log_prob(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # a = mean + std * z with z ~ N(0, 1): the log-prob's standardized action is z itself
+        # (`log_prob` recomputes it as (a - mean) / std, equal up to float rounding).
         mean, log_std = self._split(params)
-        return mean + log_std.exp() * torch.randn_like(mean)
+        z = torch.randn_like(mean)
+        actions = torch.addcmul(mean, log_std.exp(), z)
+        logp = z.square().mul_(-0.5).sub_(log_std).sum(-1).sub_(0.5 * _LOG_2PI * self.dim)
+        return actions, logp
 
     def mode(self, params: torch.Tensor) -> torch.Tensor:
         return self._split(params)[0]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 import torch
@@ -77,16 +77,21 @@ class ObservationEncoder(nn.Module):
         self.out_dim = sum(
             self.n_categories[k] if k in self.n_categories else max(1, math.prod(s.shape)) for k, s in self.specs.items()
         )
+        # Per key: (key, its categories (0 for a Box), the dims of one observation), read every step.
+        self._keys = [(key, self.n_categories.get(key, 0), len(spec.shape)) for key, spec in self.specs.items()]
 
     def forward(self, observations: Observations) -> torch.Tensor:
         parts = []
-        for key, spec in self.specs.items():
+        for key, n_categories, n_dims in self._keys:
             x = observations[key]
-            lead = x.shape[: x.dim() - len(spec.shape)]
-            if key in self.n_categories:
-                parts.append(F.one_hot(x.long(), self.n_categories[key]).float())
+            if n_categories:
+                parts.append(F.one_hot(x.long(), n_categories).float())
+            elif n_dims == 1:
+                parts.append(as_float(x))
+            elif n_dims == 0:
+                parts.append(as_float(x).unsqueeze(-1))
             else:
-                parts.append(as_float(x).reshape(*lead, -1))
+                parts.append(as_float(x).flatten(-n_dims))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
@@ -107,6 +112,7 @@ class MlpNetwork(PolicyNetwork):
         self.torso, n_in = hidden_layers(self.encoder.out_dim, hidden_sizes, activation)
         self.core = make_core(core, n_in, core_size)
         self.out_dim = self.core.out_dim
+        self._layers = layer_plan(self.torso)
 
     def make_encoder(self, observation_space: gym.Space, activation: str) -> nn.Module:
         """Observations -> one flat feature vector (subclasses encode images with convolutions)."""
@@ -116,7 +122,20 @@ class MlpNetwork(PolicyNetwork):
         return self.core.initial_state(batch_size)
 
     def forward(self, observations: Observations, state: State = (), episode_start: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
-        return self.core(self.torso(self.encoder(observations)), state, episode_start)
+        x = self.encoder(observations)
+        for params, module, _ in self._layers:
+            x = F.linear(x, params["weight"], params["bias"]) if params is not None else module.forward(x)
+        return self.core(x, state, episode_start)
+
+    def step(self, observations: Observations, state: State = (), episode_start: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+        """`forward` for one step `[B, ...]`, without autograd: activations in place, the core stepped once."""
+        x = self.encoder.forward(observations)
+        for params, module, inplace in self._layers:
+            if params is not None:
+                x = F.linear(x, params["weight"], params["bias"])
+            else:
+                x = inplace(x) if inplace is not None else module.forward(x)
+        return self.core.step(x, state, episode_start)
 
 
 def hidden_layers(n_in: int, hidden_sizes: Sequence[int], activation: str) -> tuple[nn.Sequential, int]:
@@ -128,6 +147,24 @@ def hidden_layers(n_in: int, hidden_sizes: Sequence[int], activation: str) -> tu
         layers += [linear(n_in, int(width), math.sqrt(2)), ACTIVATIONS[activation]()]
         n_in = int(width)
     return nn.Sequential(*layers), n_in
+
+
+_INPLACE = {Tanh: torch.tanh_, nn.ReLU: torch.relu_}  # activations that acting may apply in place
+
+
+def layer_plan(torso: nn.Sequential) -> list[tuple[dict | None, nn.Module, Callable | None]]:
+    """The torso as plain steps, run without a module call per layer (each costs more than a small
+    layer's math): (a linear layer's parameters, the layer, an in-place form of an activation that
+    follows a linear layer, for acting). The parameters are the layer's own dict of them, so the steps
+    see whatever the layer holds now: weights loaded in place or assigned anew alike."""
+    plan: list[tuple[dict | None, nn.Module, Callable | None]] = []
+    for module in torso:
+        after_linear = bool(plan) and plan[-1][0] is not None
+        if type(module) is nn.Linear:
+            plan.append((module._parameters, module, None))
+        else:
+            plan.append((None, module, _INPLACE.get(type(module)) if after_linear else None))
+    return plan
 
 
 def mlp_network(hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh") -> dict[str, Any]:
