@@ -173,9 +173,9 @@ class PpoLearner(ActorCriticLearner):
             "value_mean": masked_mean(targets.old_values, real),
             "explained_variance": explained_variance(targets.old_values, targets.returns, real),
         }
+        result |= {"gradient_steps": float(len(steps)), "kl_stop": float(stopped), "lr": lr, "clip_range": clip}
         self.record(result)
-        self.record({"gradient_steps": float(len(steps)), "kl_stop": float(stopped), "lr": lr, "clip_range": clip})
-        return result | {"gradient_steps": len(steps), "kl_stop": float(stopped), "lr": lr, "clip_range": clip}
+        return result
 
     def loss(self, observations: Observations, initial_state: State, episode_start: torch.Tensor, actions: torch.Tensor,
              behaviour_logp: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, old_values: torch.Tensor,
