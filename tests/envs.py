@@ -48,6 +48,18 @@ class CountingEnv(gym.Env):
         return self._obs(), 1.0, ended and not self.truncate, ended and self.truncate, {}
 
 
+class MissionEnv(CountingEnv):
+    """CountingEnv's Dict observation with a text `mission` beside it, as MiniGrid's and BabyAI's have:
+    a key no network reads, which `env.obs_keys` leaves out."""
+
+    def __init__(self, **kwargs):
+        super().__init__(obs_kind="dict", **kwargs)
+        self.observation_space = gym.spaces.Dict({**self.observation_space.spaces, "mission": gym.spaces.Text(32)})
+
+    def _obs(self):
+        return {**super()._obs(), "mission": "count to the end"}
+
+
 class StepRaisingEnv(CountingEnv):
     """Fault injection: raises in `step` after `fail_after` steps in total."""
 

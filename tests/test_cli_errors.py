@@ -69,6 +69,28 @@ def test_a_bad_env_kwarg_is_reported_before_actors_start(tmp_path):
     assert_one_line_error(result, "no_such_arg")
 
 
+def _mission_env_dir(tmp_path):
+    config_dir = tmp_path / "my_configs"
+    (config_dir / "env").mkdir(parents=True)
+    (config_dir / "env" / "mission.yaml").write_text("_target_: tests.envs.MissionEnv\nlength: 7\n")
+    return ["--config-dir", str(config_dir), "+env=mission"]
+
+
+def test_a_dict_observation_key_no_network_reads_names_the_obs_keys_that_leave_it_out(tmp_path):
+    result = run_train(*_mission_env_dir(tmp_path), run_dir=tmp_path / "run")
+    assert_one_line_error(result, "'mission'", "+env.obs_keys=[count,parity]")
+
+
+def test_obs_keys_that_the_observation_lacks_are_named_with_the_keys_it_has(tmp_path):
+    result = run_train(*_mission_env_dir(tmp_path), "+env.obs_keys=[count,colour]", run_dir=tmp_path / "run")
+    assert_one_line_error(result, "env.obs_keys", "colour", "count, mission, parity")
+
+
+def test_an_env_key_its_config_leaves_out_is_added_with_a_plus(tmp_path):
+    result = run_train("+env=cartpole", "env.obs_keys=[obs]", run_dir=tmp_path / "run")
+    assert_one_line_error(result, "env.obs_keys", "+env.obs_keys=")
+
+
 def test_train_help_is_written_for_people_and_names_every_option():
     """`train --help`: what train does, +env, resume, rollout, the groups with every packaged option."""
     result = subprocess.run([str(TRAIN), "--help"], capture_output=True, text=True, timeout=60)

@@ -100,6 +100,17 @@ def test_a_users_own_env_from_a_config_dir(tmp_path):
     assert processes_with_env_tag(result.tag) == []
 
 
+def test_obs_keys_leave_out_a_key_no_network_reads(tmp_path):
+    config_dir = tmp_path / "my_configs"
+    (config_dir / "env").mkdir(parents=True)
+    (config_dir / "env" / "mission.yaml").write_text("_target_: tests.envs.MissionEnv\nlength: 7\n")
+    result = run_train("--config-dir", str(config_dir), "+env=mission", "+env.obs_keys=[count]", "runner=sequential",
+                       "max_env_steps=2000", "epoch_length=1", run_dir=tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    assert "observations Dict(count: Box(1,) float32)" in result.stdout  # parity left out too, as asked
+    assert read_stats(tmp_path / "run")[-1]["train/return_mean"] == 7.0
+
+
 def test_max_time_s_stops_the_run(tmp_path):
     result = run_train("+env=cartpole", "runner=sequential", "max_time_s=2", "max_env_steps=100000000", "target_return=null",
                        "epoch_length=5",

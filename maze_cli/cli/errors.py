@@ -22,6 +22,8 @@ def _unknown_key(full_key: str, argv: list[str]) -> str:
     from maze_cli.envs.factory import ID_KEYS  # imports torch: only when needed
 
     candidates = list(ID_KEYS) if section == "env" else known_keys(section)
+    if key in candidates:  # a key the section takes that its config file leaves out
+        return f"{full_key}: not set by this config; add it with +{full_key}=..."
     hint = suggest(key.split(".")[-1], candidates)
     if not hint and candidates:
         hint = f"; known keys: {', '.join(candidates)}"

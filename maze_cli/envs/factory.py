@@ -34,8 +34,8 @@ def _plain_warnings() -> None:
 _plain_warnings()
 
 # Keys of an env config that configure maze_cli rather than the env itself.
-ID_KEYS = ("id", "kwargs", "max_episode_steps", "vectorize", "register", "check", "reward_clip", "core_inputs")
-OWN_KEYS = ("check", "reward_clip", "core_inputs")  # keys of any env config that maze_cli reads (never passed to the env)
+ID_KEYS = ("id", "kwargs", "max_episode_steps", "vectorize", "register", "check", "reward_clip", "obs_keys", "core_inputs")
+OWN_KEYS = ("check", "reward_clip", "obs_keys", "core_inputs")  # keys of any env config that maze_cli reads (never passed to the env)
 # Optional extras that bring env packages, by the module an env config registers its ids from.
 EXTRAS = {"minatar": "minatar", "ale_py": "atari", "minigrid": "minigrid"}
 # Env id prefixes whose ids exist only once their package is imported (gymnasium 1.x loads no plugins).
@@ -70,6 +70,8 @@ class EnvFactory:
     has one) before `gymnasium.make`, for packages whose ids exist only then (e.g. `minatar.gym`). `check` (default true, either kind): run the env checks before
     any actor starts. `reward_clip` (either kind): the learner sees rewards clipped to
     [-reward_clip, reward_clip], while the episode returns in the stats stay the env's own.
+    `obs_keys` (either kind): the keys of a Dict observation the policy sees, the others dropped
+    (e.g. MiniGrid's text `mission`, which no network reads).
     `core_inputs` (set from `policy.core_inputs` by `for_policy`): the previous action and reward
     added to the observations (`maze_cli.envs.core_inputs`).
     """
@@ -103,9 +105,25 @@ class EnvFactory:
             env = gym.make(self.config["id"], **kwargs)
         if not isinstance(env, gym.Env):
             raise EnvConfigError(f"env: {self.config.get('_target_')} returned {type(env).__name__}, not a gymnasium.Env")
+        if self.config.get("obs_keys") is not None:
+            env = self._filter_observation(env)
         if adds_inputs(self.config.get("core_inputs")):
             env = PreviousActionReward(env, self.config["core_inputs"], self.reward_clip)
         return env
+
+    def _filter_observation(self, env: gym.Env) -> gym.Env:
+        """The env with only `obs_keys` of its Dict observation; a key it lacks is a config error."""
+        keys = list(self.config["obs_keys"])
+        space = env.observation_space
+        if not isinstance(space, gym.spaces.Dict):
+            env.close()
+            raise EnvConfigError(f"env.obs_keys={keys}: the observation is {type(space).__name__}, not a Dict; leave env.obs_keys out")
+        missing = [k for k in keys if k not in space.spaces]
+        if missing or not keys:
+            env.close()
+            raise EnvConfigError(f"env.obs_keys: {missing[0] if missing else 'empty'}: not a key of the observation "
+                                 f"(its keys: {', '.join(space.spaces)})")
+        return gym.wrappers.FilterObservation(env, keys)
 
     @classmethod
     def for_policy(cls, env_config: Mapping[str, Any], policy_config: Mapping[str, Any] | None) -> "EnvFactory":
@@ -158,7 +176,8 @@ class EnvFactory:
         """`n_envs` copies as the env's own vectorized implementation, or None where there is none,
         where `vectorize` is off, or where it is not the same env: a vector entry point that changes
         the spaces (ALE's preprocesses frames to 84x84 by default) would not match the policy."""
-        if not self.config.get("vectorize", True) or adds_inputs(self.config.get("core_inputs")):
+        if (not self.config.get("vectorize", True) or adds_inputs(self.config.get("core_inputs"))
+                or self.config.get("obs_keys") is not None):
             return None
         if self.config.get("_target_") is not None:
             return self._target_vector_env(n_envs)
@@ -230,7 +249,7 @@ class EnvFactory:
             what = f"env._target_={self.config['_target_']}" if self.config.get("_target_") else f"env.id={self.config['id']}"
             raise EnvConfigError(f"{what}: {type(cause).__name__}: {first_line(cause)}") from err
         try:
-            observation_specs(env.observation_space)
+            self._supported_observation(env.observation_space)
             action_spec(env.action_space)
             if self.config.get("check", True):
                 self._check_spaces(env)
@@ -238,6 +257,25 @@ class EnvFactory:
             return env.observation_space, env.action_space
         finally:
             env.close()
+
+    def _supported_observation(self, space: gym.Space) -> None:
+        """A Dict observation with keys no network reads (text, graphs) names the `env.obs_keys` that
+        leave them out."""
+        try:
+            observation_specs(space)
+        except UnsupportedSpaceError as err:
+            if not isinstance(space, gym.spaces.Dict):
+                raise
+            readable = []
+            for key, sub in space.spaces.items():
+                try:
+                    observation_specs(gym.spaces.Dict({key: sub}))
+                    readable.append(key)
+                except UnsupportedSpaceError:
+                    pass
+            if not readable:
+                raise
+            raise UnsupportedSpaceError(f"{err}; or leave it out: +env.obs_keys=[{','.join(readable)}]") from None
 
     def _check_spaces(self, env: gym.Env) -> None:
         """The env as built (wrappers included) keeps its declared spaces on reset and a few random
