@@ -6,8 +6,11 @@ fixed step budget, for each candidate setting, env and seed.
     python benchmarks/suite.py --envs cartpole goalgrid --seeds 1 2 --out benchmarks/SUITE.md
 
 The suite: CartPole-v1 and Acrobot-v1 (vector observations), GoalGrid (benchmarks/suite_envs.py: a
-7x7 goal-reaching task with Dict observations, agent and goal), MinAtar Breakout (10x10x4 images,
-the CNN policy; needs the `minatar` extra). Each run is one `train` process,
+7x7 goal-reaching task with Dict observations, agent and goal), PointReach (suite_envs.py: Box
+actions, steer a point to a goal), Pendulum-v1 (Box actions), MiniGrid-Empty-5x5 (a sparse reward
+from a third-party package: 1 - 0.9 t / 100 at the goal, 0 otherwise; Dict of a 7x7x3 view and a
+direction; needs the `minigrid` extra), MinAtar Breakout (10x10x4 images, the CNN policy; needs the
+`minatar` extra). Each run is one `train` process,
 `eval.interval=0 target_window=100 target_return=<target> max_time_s=<cap>`, and every candidate is
 judged by the same rule:
 
@@ -16,6 +19,10 @@ judged by the same rule:
   "-" where the time cap came first;
 - return at budget: that window mean at the last epoch within `budget` env steps; "solved" where
   the run reached the target before the budget.
+
+MiniGrid alone is judged on evaluation instead (`eval.interval=1`, the mean return of 10 greedy
+episodes, after every epoch): its failure is a policy whose samples find the goal while its most
+likely action does not (entropy near its maximum), which the training episodes do not show.
 
 Candidates run interleaved (seed by seed, env by env), one process at a time, so that a busy
 stretch of the machine falls on all of them alike.
@@ -36,7 +43,7 @@ from runs import TrainRun, run_train
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from suite_envs import optimal_return  # noqa: E402
+from suite_envs import optimal_return, reach_optimal_return  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,11 @@ class SuiteEnv:
     target: float  # mean of the last 100 training episodes
     budget: int  # env steps at which the return is read
     cap_s: float  # wall-clock cap of one run's training
+    judged_on_eval: bool = False  # the greedy evaluation's mean return instead of the training window
+
+    @property
+    def return_key(self) -> str:
+        return "eval/return_mean" if self.judged_on_eval else "train/return_window_mean"
 
 
 SUITE = {
@@ -52,9 +64,13 @@ SUITE = {
     "acrobot": SuiteEnv(("+env=acrobot",), -100.0, 500_000, 60),
     # within one step of the shortest path on average
     "goalgrid": SuiteEnv(("+env=goalgrid",), optimal_return() - 1.0, 300_000, 60),
+    "reach": SuiteEnv(("+env=reach",), reach_optimal_return() - 2.5, 1_000_000, 60),
+    "pendulum": SuiteEnv(("+env=pendulum",), -250.0, 1_000_000, 60),
+    "minigrid": SuiteEnv(("+env=gym", "env.id=MiniGrid-Empty-5x5-v0", "+env.obs_keys=[direction,image]"), 0.9, 400_000, 120,
+                         judged_on_eval=True),
     "minatar": SuiteEnv(("+env=minatar",), 10.0, 2_000_000, 180),
 }
-ENV_CONFIGS = {"goalgrid.yaml": "_target_: suite_envs.GoalGrid\n"}
+ENV_CONFIGS = {"goalgrid.yaml": "_target_: suite_envs.GoalGrid\n", "reach.yaml": "_target_: suite_envs.PointReach\n"}
 
 
 @dataclass
@@ -69,13 +85,14 @@ def outcome_of(run: TrainRun, env: SuiteEnv) -> Outcome:
     steps = rows[-1]["env_steps"] if rows else 0
     if run.solved and steps <= env.budget:
         return Outcome(run.wall_s, None, steps)
-    upto = [r for r in rows if "train/return_window_mean" in r and r["env_steps"] <= env.budget]
-    return Outcome(run.wall_s if run.solved else math.inf, upto[-1]["train/return_window_mean"] if upto else None, steps)
+    upto = [r for r in rows if env.return_key in r and r["env_steps"] <= env.budget]
+    return Outcome(run.wall_s if run.solved else math.inf, upto[-1][env.return_key] if upto else None, steps)
 
 
 def run_one(name: str, extra: list[str], seed: int, workdir: Path, config_dir: Path) -> Outcome:
     env = SUITE[name]
-    overrides = [*env.overrides, *extra, f"seed={seed}", "eval.interval=0", "target_window=100", f"target_return={env.target}",
+    overrides = [*env.overrides, *extra, f"seed={seed}", f"eval.interval={int(env.judged_on_eval)}", "target_window=100",
+                 f"target_return={env.target}",
                  f"max_time_s={env.cap_s}", f"hydra.searchpath=[file://{config_dir}]"]
     return outcome_of(run_train(overrides, workdir, pythonpath=HERE), env)
 

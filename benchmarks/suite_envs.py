@@ -55,3 +55,53 @@ def optimal_return(size: int = 7) -> float:
     coords = np.array([divmod(c, size) for c in range(size * size)])
     dist = np.abs(coords[:, None, :] - coords[None, :, :]).sum(-1)
     return -float(dist.sum() / (size * size * (size * size - 1)))
+
+
+class PointReach(gym.Env):
+    """Steer a point to a goal in the plane with continuous actions; the Box-action env of the suite.
+
+    Observation: Box(4,) (position x, y and goal x, y, each in [-1, 1]). Action: Box(2,) in [-1, 1],
+    a velocity: the point moves by `speed * action` (clipped to the square). Reward: minus the distance
+    to the goal after the move, every step; no early end, truncated after `max_steps`, so a policy's
+    return measures how fast it gets there and how well it stays. Start and goal are uniform.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, speed: float = 0.1, max_steps: int = 40):
+        self.speed, self.max_steps = speed, max_steps
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self._position = self._goal = np.zeros(2)
+        self._steps = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.concatenate([self._position, self._goal]).astype(np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self._position, self._goal = self.np_random.uniform(-1.0, 1.0, (2, 2))
+        self._steps = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        move = self.speed * np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
+        self._position = np.clip(self._position + move, -1.0, 1.0)
+        self._steps += 1
+        distance = float(np.linalg.norm(self._position - self._goal))
+        return self._obs(), -distance, False, self._steps >= self.max_steps, {}
+
+
+def reach_optimal_return(episodes: int = 2000, seed: int = 0) -> float:
+    """Mean return of the best policy on PointReach (full speed along the sign of the offset, no
+    overshoot), estimated over `episodes` seeded episodes."""
+    env, total = PointReach(), 0.0
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done = False
+        while not done:
+            offset = obs[2:] - obs[:2]
+            obs, reward, terminated, truncated, _ = env.step(np.clip(offset / env.speed, -1.0, 1.0))
+            total += reward
+            done = terminated or truncated
+    return total / episodes

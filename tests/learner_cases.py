@@ -77,6 +77,7 @@ def _actor_critic_case(algorithm: str, spaces, core: str = "identity", shared: b
     if algorithm == "impala":
         from maze_cli.algorithms.impala import Impala, ImpalaLearner
 
+        hp = {"normalize_advantage": False, **hp}  # the golden updates were written before the option existed
         learner = ImpalaLearner(policy, Impala(**hp), "cpu", normalize)
     else:
         from maze_cli.algorithms.ppo import Appo, Ppo, PpoLearner

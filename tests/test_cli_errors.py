@@ -112,13 +112,14 @@ def test_an_env_id_whose_package_is_missing_names_the_package_to_install(tmp_pat
     a missing package is one line naming the extra."""
     import importlib.util
 
-    result = run_train("+env=gym", "env.id=MiniGrid-Empty-5x5-v0", "max_env_steps=1", "eval.interval=0", "runner=sequential",
-                       run_dir=tmp_path / "run")
+    result = run_train("+env=gym", "env.id=MiniGrid-Empty-5x5-v0", "+env.obs_keys=[direction,image]", "max_env_steps=1",
+                       "eval.interval=0", "runner=sequential", run_dir=tmp_path / "run")
     if importlib.util.find_spec("minigrid") is None:
         assert result.returncode == 2
         assert result.stderr.strip() == ("train: error: env.id=MiniGrid-Empty-5x5-v0: its package minigrid is not installed; "
                                          "pip install 'maze_cli[minigrid]' (or pip install minigrid)")
     else:
+        assert result.returncode == 0, result.stderr
         assert "MiniGrid-Empty-5x5-v0" in result.stdout  # built: the prefix imported the package
 
 

@@ -123,3 +123,24 @@ def test_a_compiled_loss_equals_the_eager_one_and_compiles_once_for_every_batch(
             fresh.rewards.normal_()
             compiled.update(fresh)
         assert counters["stats"]["unique_graphs"] == graphs, f"{case}: a later batch compiled again"
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_normalized_advantages_make_impalas_policy_gradient_the_same_on_any_reward_scale(normalize):
+    """With `normalize_advantage` the entropy bonus weighs the same against the policy gradient
+    whatever the rewards' scale (a sparse 0/1 reward, a cost in the hundreds): the same batch with
+    rewards times 10 gives the policy network the same gradient. Without it, it does not."""
+    from tests.learner_cases import CARTPOLE, _actor_critic_case
+
+    grads = []
+    for scale in (1.0, 10.0):
+        # no clipping: the value loss grows with the rewards and would change the global norm's clip factor
+        learner, batch, _ = _actor_critic_case("impala", CARTPOLE, normalize_advantage=normalize, max_grad_norm=1e9)
+        with torch.no_grad():  # V = 0 everywhere: the advantages are the V-trace returns, linear in the rewards
+            learner.policy.value_head.weight.zero_()
+            learner.policy.value_head.bias.zero_()
+        batch.rewards.mul_(scale)
+        learner.update(batch)
+        grads.append({n: p.grad.clone() for n, p in learner.policy.named_parameters() if n.startswith(("network.", "policy_head."))})
+    same = all(torch.allclose(grads[0][n], grads[1][n], rtol=1e-4, atol=1e-6) for n in grads[0])
+    assert same == normalize

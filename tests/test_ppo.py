@@ -66,9 +66,10 @@ def test_a_truncated_episode_is_bootstrapped_from_its_final_observation_not_the_
     batch.truncated.copy_(torch.tensor([[True], [False]]))
     final = torch.tensor([0.1, 0.2, 0.3, 0.4])
     batch.final_observations["obs"][0, 0] = final
-    rewards = bootstrap_truncated(policy, batch.rewards, batch, 0.9)
     v_final = policy.value({"obs": final.view(1, 1, 4)})[0, 0]
-    assert rewards[:, 0].tolist() == pytest.approx([1.0 + 0.9 * float(v_final), 1.0])
+    for dense in (False, True):  # picking the truncated steps (CPU) and valuing all, then masking (accelerators)
+        rewards = bootstrap_truncated(policy, batch.rewards, batch, 0.9, dense=dense)
+        assert rewards[:, 0].tolist() == pytest.approx([1.0 + 0.9 * float(v_final), 1.0])
 
 
 # -- losses ---------------------------------------------------------------------------------------

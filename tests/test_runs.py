@@ -311,3 +311,15 @@ def test_the_sweep_plot_shows_single_epoch_jobs_as_points_and_both_returns():
     fig = sweep.summary_figure(jobs)
     assert [ax.get_ylabel() for ax in fig.axes] == ["eval return", "training return (epoch mean)"]
     plt.close(fig)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_impala_at_its_defaults_learns_a_sparse_reward_gridworld_from_another_package(tmp_path):
+    """MiniGrid's empty room: reward only at the goal (1 - 0.9 t / 100), seven actions of which three
+    move. Evaluation is greedy, so the policy must come to prefer the moves, not only sample them."""
+    pytest.importorskip("minigrid")
+    result = run_train("+env=gym", "env.id=MiniGrid-Empty-5x5-v0", "+env.obs_keys=[direction,image]", "target_return=0.9",
+                       "max_env_steps=800000", "seed=1", run_dir=tmp_path / "run", timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "stopped: target_return" in result.stdout, result.stdout[-2000:]

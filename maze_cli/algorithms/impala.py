@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
-from maze_cli.algorithms.on_policy import ActorCriticLearner, OnPolicyLoop, normalization
+from maze_cli.algorithms.on_policy import ActorCriticLearner, OnPolicyLoop, normalization, normalized_advantages
 from maze_cli.config.schema import ImpalaConfig
 from maze_cli.policies.actor_critic import ActorCritic
 from maze_cli.policies.base import Observations, State
@@ -136,7 +136,8 @@ class ImpalaLearner(ActorCriticLearner):
         targets = vtrace(
             behaviour_logp, target_logp.detach(), rewards, values.detach(), bootstrap_value.detach(), discounts, hp.rho_bar, hp.c_bar,
         )
-        policy_loss = -(targets.pg_advantages * target_logp * real).sum() / n_real
+        advantages = normalized_advantages(targets.pg_advantages, real) if hp.normalize_advantage else targets.pg_advantages
+        policy_loss = -(advantages * target_logp * real).sum() / n_real
         value_loss = 0.5 * ((targets.vs - values).pow(2) * real).sum() / n_real
         loss = policy_loss + hp.value_coef * value_loss - hp.entropy_coef * entropy
         metrics = {

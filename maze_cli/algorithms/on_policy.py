@@ -121,15 +121,35 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
+def normalized_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`advantages` shifted and scaled to mean 0, std 1 over the real steps: the policy gradient then has
+    the same size on any reward scale, so the entropy bonus weighs the same against it everywhere."""
+    mean = masked_mean(advantages, mask)
+    std = masked_mean((advantages - mean).pow(2), mask).sqrt()
+    return (advantages - mean) / (std + 1e-8)
+
+
 @torch.no_grad()
-def bootstrap_truncated(policy: ActorCritic, rewards: torch.Tensor, batch: Rollout, gamma: float) -> torch.Tensor:
+def bootstrap_truncated(policy: ActorCritic, rewards: torch.Tensor, batch: Rollout, gamma: float,
+                        dense: bool | None = None) -> torch.Tensor:
     """`rewards` with gamma * V(final observation) added where an episode was truncated, not ended
-    (a time limit: the state had a future). V is the policy's, in the units of `rewards`."""
+    (a time limit: the state had a future). V is the policy's, in the units of `rewards`.
+
+    `dense` (default: on an accelerator) values every step's final observation and masks, instead of
+    picking the truncated steps out: picking needs their count on the host, a device sync per update,
+    while on a CPU the few truncated steps are far cheaper to value alone. Both give the same rewards.
+    A recurrent policy's state at the final observation is not recorded: it starts afresh there."""
+    if dense if dense is not None else rewards.device.type != "cpu":
+        n = rewards.numel()
+        final_obs = {k: v.reshape((1, n) + v.shape[2:]) for k, v in batch.final_observations.items()}
+        state = tuple(s.to(rewards.device) for s in policy.initial_state(n))
+        values = policy.value(final_obs, state)[0].reshape(rewards.shape).to(rewards.dtype)
+        # where, not a product: the final observations of other steps are never written (any value, NaN too)
+        return torch.where(batch.truncated, rewards + gamma * values, rewards)
     rewards = rewards.clone()
     where = batch.truncated.nonzero(as_tuple=True)
     if where[0].numel():
         final_obs = {k: v[where].unsqueeze(0) for k, v in batch.final_observations.items()}
-        # A recurrent policy's state at the final observation is not recorded: it starts afresh there.
         state = tuple(s.to(rewards.device) for s in policy.initial_state(int(where[0].numel())))
         rewards[where] += gamma * policy.value(final_obs, state)[0]
     return rewards

@@ -23,7 +23,7 @@ import torch
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
 from maze_cli.algorithms.impala import vtrace
-from maze_cli.algorithms.on_policy import ActorCriticLearner, OnPolicyLoop, gae, masked_mean, normalization
+from maze_cli.algorithms.on_policy import ActorCriticLearner, OnPolicyLoop, gae, masked_mean, normalization, normalized_advantages
 from maze_cli.config.schema import AppoConfig, PpoConfig
 from maze_cli.policies.actor_critic import ActorCritic
 from maze_cli.policies.base import Observations, State
@@ -190,9 +190,7 @@ class PpoLearner(ActorCriticLearner):
         dist = self.policy.distribution
         logp = dist.log_prob(params, actions)
         if hp.normalize_advantage:
-            mean = masked_mean(advantages, real)
-            std = masked_mean((advantages - mean).pow(2), real).sqrt()
-            advantages = (advantages - mean) / (std + 1e-8)
+            advantages = normalized_advantages(advantages, real)
         surrogate, ratio = clipped_surrogate(logp, behaviour_logp, advantages, clip)
         policy_loss = -masked_mean(surrogate, real)
         v_loss = masked_mean(value_loss(values, old_values, returns, hp.clip_value), real)

@@ -122,6 +122,10 @@ class ImpalaConfig:
     c_bar: float = _f(1.0, gt=0)
     value_coef: float = _f(0.5, ge=0)
     entropy_coef: float = _f(0.01, ge=0)
+    # The batch's V-trace advantages to mean 0, std 1: the entropy bonus then weighs the same on any reward
+    # scale. On, IMPALA learns Pendulum, a Box-action reach task and MiniGrid's sparse reward, which it did not
+    # (or far slower) without; CartPole, Acrobot and MinAtar were 1.2-1.3x faster without (their tuning files).
+    normalize_advantage: bool = True
     max_grad_norm: float = _f(0.5, gt=0)
     adam_eps: float = _f(1e-5, gt=0)
     shared_network: bool = False  # one policy network for the action and value heads (true) or one each
