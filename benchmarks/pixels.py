@@ -42,23 +42,25 @@ def minatar_row(game: str, seed: int, run: TrainRun) -> str:
     evals = [row["eval/return_mean"] for row in run.rows if "eval/return_mean" in row]
     last = run.rows[-1]
     learner = run.steady("time/learner_s") / run.steady("time/epoch_s")
-    return (f"| {game} | {seed} | {evals[-1]:.1f} | {max(evals):.1f} | {last.get('train/return_window_mean', float('nan')):.1f} | "
+    return (f"| {game} | {seed} | {evals[-1]:.1f} | {statistics.fmean(evals[-3:]):.1f} | {max(evals):.1f} | {last.get('train/return_window_mean', float('nan')):.1f} | "
             f"{last['env_steps']:,} | {last['env_steps'] / last['time_s']:,.0f} | {learner:.0%} | {run.steady('time/wait_actors_frac'):.0%} |")
 
 
 def minatar_section(games: list[str], seeds: list[int], minutes: float, workdir: Path, extra: list[str]) -> list[str]:
     lines = [f"### MinAtar, {minutes:g} minutes of wall time per run (`train +env=minatar env.id=MinAtar/<game>-v1 seed=<s> "
              f"max_time_s={minutes * 60:g}{' ' + ' '.join(extra) if extra else ''}`)", "",
-             "| game | seed | eval return (last) | eval return (best) | train return (last 100 episodes) | env steps | env steps/s "
-             "| learner share of an epoch | learner waiting |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| game | seed | eval return (last) | mean of the last 3 evals | eval return (best) | train return (last 100 episodes) "
+             "| env steps | env steps/s | learner share of an epoch | learner waiting |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for game in games:
-        finals = []
+        finals, last3 = [], []
         for seed in seeds:
             run = minatar_run(game, seed, minutes, workdir, extra)
             lines.append(minatar_row(game, seed, run))
-            finals.append([row["eval/return_mean"] for row in run.rows if "eval/return_mean" in row][-1])
+            evals = [row["eval/return_mean"] for row in run.rows if "eval/return_mean" in row]
+            finals.append(evals[-1])
+            last3.append(statistics.fmean(evals[-3:]))
             print(lines[-1], file=sys.stderr, flush=True)
-        lines.append(f"| {game} | median | {statistics.median(finals):.1f} | | | | | | |")
+        lines.append(f"| {game} | median | {statistics.median(finals):.1f} | {statistics.median(last3):.1f} | | | | | | |")
     return lines
 
 
