@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
@@ -58,17 +59,33 @@ def vtrace(
     values_tp1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
     deltas = clipped_rhos * (rewards + discounts * values_tp1 - values)
 
-    vs_minus_v = torch.empty_like(values)
-    acc = torch.zeros_like(bootstrap_value)
-    for t in range(values.shape[0] - 1, -1, -1):
-        acc = deltas[t] + discounts[t] * cs[t] * acc
-        vs_minus_v[t] = acc
-    vs = values + vs_minus_v
+    vs = values + _discounted_backwards(deltas, discounts * cs)
 
     vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
     pg_rhos = rhos.clamp(max=rho_bar if pg_rho_bar is None else pg_rho_bar)
     pg_advantages = pg_rhos * (rewards + discounts * vs_tp1 - values)
     return VTraceReturns(vs=vs, pg_advantages=pg_advantages, clipped_rhos=clipped_rhos)
+
+
+def _discounted_backwards(deltas: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """acc_t = deltas_t + factors_t acc_{t+1} (acc_T = 0) over the time axis of `[T, B]` tensors.
+
+    On a CPU the T steps run on numpy views of the same memory: a torch op costs microseconds of
+    dispatch, and for a batch of a few hundred envs that, not the arithmetic, was the recursion's time.
+    A compiled loss keeps the torch loop, which the compiler fuses."""
+    out = torch.empty_like(deltas)
+    if deltas.device.type == "cpu" and deltas.dtype == torch.float32 and not torch.compiler.is_compiling():
+        d, f, o = deltas.contiguous().numpy(), factors.contiguous().numpy(), out.numpy()
+        acc = np.zeros_like(d[0])
+        for t in range(d.shape[0] - 1, -1, -1):
+            acc = d[t] + f[t] * acc
+            o[t] = acc
+        return out
+    acc = torch.zeros_like(deltas[0])
+    for t in range(deltas.shape[0] - 1, -1, -1):
+        acc = deltas[t] + factors[t] * acc
+        out[t] = acc
+    return out
 
 
 @dataclass
