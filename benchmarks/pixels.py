@@ -38,8 +38,12 @@ def minatar_run(game: str, seed: int, minutes: float, workdir: Path, extra: list
     return run_train(overrides, workdir / f"{game}-{seed}", timeout_s=minutes * 60 + 300)
 
 
+def eval_returns(run: TrainRun) -> list[float]:
+    return [row["eval/return_mean"] for row in run.rows if "eval/return_mean" in row]
+
+
 def minatar_row(game: str, seed: int, run: TrainRun) -> str:
-    evals = [row["eval/return_mean"] for row in run.rows if "eval/return_mean" in row]
+    evals = eval_returns(run)
     last = run.rows[-1]
     learner = run.steady("time/learner_s") / run.steady("time/epoch_s")
     return (f"| {game} | {seed} | {evals[-1]:.1f} | {statistics.fmean(evals[-3:]):.1f} | {max(evals):.1f} | {last.get('train/return_window_mean', float('nan')):.1f} | "
@@ -56,7 +60,7 @@ def minatar_section(games: list[str], seeds: list[int], minutes: float, workdir:
         for seed in seeds:
             run = minatar_run(game, seed, minutes, workdir, extra)
             lines.append(minatar_row(game, seed, run))
-            evals = [row["eval/return_mean"] for row in run.rows if "eval/return_mean" in row]
+            evals = eval_returns(run)
             finals.append(evals[-1])
             last3.append(statistics.fmean(evals[-3:]))
             print(lines[-1], file=sys.stderr, flush=True)
