@@ -38,6 +38,29 @@ def test_hwc_and_chw_frames_of_the_same_picture_give_the_same_features():
     torch.testing.assert_close(a({"obs": frame.unsqueeze(0)})[0], b({"obs": frame.permute(0, 3, 1, 2).unsqueeze(0)})[0])
 
 
+@pytest.mark.parametrize("shape", [(4, 20, 20), (20, 20, 3)])
+def test_a_cpu_batch_convolved_in_chunks_gives_the_features_and_gradients_of_the_whole_batch(monkeypatch, shape):
+    import maze_cli.policies.cnn as cnn
+
+    space = gym.spaces.Box(0, 255, shape, np.uint8)
+    torch.manual_seed(0)
+    net = CnnNetwork(space, encoder="impala", hidden_sizes=[16])
+    frames = torch.randint(0, 256, (5, 7, *shape), dtype=torch.uint8)
+
+    def features_and_grads(chunk_frames: int):
+        monkeypatch.setattr(cnn, "CPU_CHUNK_ELEMENTS", chunk_frames * int(np.prod(shape)))
+        net.zero_grad()
+        features, _ = net({"obs": frames}, (), None)
+        features.pow(2).sum().backward()
+        return features.detach(), [p.grad.clone() for p in net.parameters()]
+
+    whole, whole_grads = features_and_grads(1000)
+    chunked, chunked_grads = features_and_grads(3)  # 35 frames in 12 chunks, the last one short
+    torch.testing.assert_close(chunked, whole)
+    for a, b in zip(chunked_grads, whole_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 def test_uint8_frames_are_scaled_inside_the_network():
     space = gym.spaces.Box(0, 255, (12, 12, 3), np.uint8)
     net = CnnNetwork(space, hidden_sizes=[8])

@@ -20,6 +20,9 @@ from maze_cli.policies.base import Observations
 from maze_cli.policies.mlp import ObservationEncoder, MlpNetwork, as_float
 
 ENCODERS = ("auto", "impala", "nature", "small")
+# Input elements of the frames a CPU convolves at once (ImageEncoder._chunk): 256 Atari observations
+# (4 x 84 x 84); the chunk size is measured in benchmarks/LEARNER.md.
+CPU_CHUNK_ELEMENTS = 256 * 4 * 84 * 84
 
 
 def is_image(space: gym.Space) -> bool:
@@ -73,15 +76,31 @@ class ImageEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[: x.dim() - self.n_dims]
-        x = as_float(x).reshape(-1, *x.shape[len(lead):])
+        x = x.reshape(-1, *x.shape[len(lead):])
         if self.layout == "hwc":
             x = x.permute(0, 3, 1, 2)
         elif self.layout == "hw":
             x = x.unsqueeze(1)
-        # Channels-last memory (what an HWC frame already is) makes CPU convolutions about twice as
-        # fast as NCHW (nature CNN, 84x84x4, forward and backward: 0.44 s against 0.91 s per 1,056 frames).
-        x = x.contiguous(memory_format=torch.channels_last)
-        return self.convs(x).reshape(*lead, self.out_dim)
+        chunk = self._chunk(x)
+        if chunk >= x.shape[0]:
+            return self._convolve(x).reshape(*lead, self.out_dim)
+        return torch.cat([self._convolve(part) for part in x.split(chunk)]).reshape(*lead, self.out_dim)
+
+    def _convolve(self, x: torch.Tensor) -> torch.Tensor:
+        """Frames `[N, C, H, W]` through the conv stack. Channels-last memory (what an HWC frame already
+        is) makes CPU convolutions far faster than NCHW; the layout changes while the pixels are still
+        bytes (a quarter of the memory traffic of floats)."""
+        return self.convs(as_float(x.contiguous(memory_format=torch.channels_last)))
+
+    @staticmethod
+    def _chunk(x: torch.Tensor) -> int:
+        """How many frames go through the conv stack at once. On a CPU, a learner's whole batch (thousands
+        of frames) makes every activation far larger than the caches, and each layer then waits on memory:
+        the stack runs chunk by chunk inside the same autograd graph (the same gradients; the backward
+        pass follows the chunks too). Accelerators take the batch whole."""
+        if x.device.type != "cpu":
+            return x.shape[0]
+        return max(1, CPU_CHUNK_ELEMENTS // max(1, x[0].numel()))
 
 
 class MixedEncoder(nn.Module):
