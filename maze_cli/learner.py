@@ -197,8 +197,9 @@ def check_options(precision: str, compile: bool, device: str) -> None:
 
 def auto_precision(device: torch.device, convolutional: bool) -> str:
     """What `learner.precision=auto` becomes: bf16 on a GPU with bf16, and for conv policies on a CPU
-    with bf16 matrix units (AMX or AVX512-BF16); fp32 elsewhere (small MLPs gain nothing from bf16,
-    and a CPU without such units only emulates it)."""
+    with bf16 matrix units (AMX); fp32 elsewhere: small MLPs gain nothing from bf16, a CPU without
+    bf16 instructions only emulates it, and one with AVX512-BF16 but no AMX ran the Atari learner
+    slower in bf16 than in fp32 (benchmarks/LEARNER.md)."""
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
     return "bf16" if convolutional and cpu_has_bf16_units() else "fp32"
@@ -206,12 +207,12 @@ def auto_precision(device: torch.device, convolutional: bool) -> str:
 
 @functools.lru_cache(maxsize=None)
 def cpu_has_bf16_units() -> bool:
-    """Whether this CPU computes bf16 in hardware (the amx_bf16 or avx512_bf16 flag on Linux)."""
+    """Whether this CPU has bf16 matrix units (the amx_bf16 flag on Linux)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return bool(re.search(r"\b(amx_bf16|avx512_bf16)\b", flags))
+    return bool(re.search(r"\bamx_bf16\b", flags))
 
 
 class _Compiled:
