@@ -1,12 +1,12 @@
 """The optimizer of every learner: Adam on torch's fused kernel, without torch.optim.
 
 Building any torch.optim optimizer imports torch._dynamo (its methods are wrapped to disable
-compilation): about 1.1 s of CPU on a small machine, as much as importing torch itself, spent
-while the actors start on the same cores. A CartPole run to its target is a few seconds in all, so
-that import was a sixth of it. This Adam calls the same fused kernel torch's `Adam(fused=True)`
-calls (`torch._fused_adam_`: one kernel for all tensors, several times faster than per-tensor ops
-on small networks, which matters to SAC's thousands of small updates), so its steps are bit for
-bit torch's, and its state_dict has torch's format (checkpoints of either load into the other).
+compilation): about as much CPU as importing torch itself, spent while the actors start on the same
+cores, and a noticeable share of a CartPole run to its target (docs/benchmarks.md). This Adam
+calls the same fused kernel torch's `Adam(fused=True)` calls (`torch._fused_adam_`: one kernel for
+all tensors, several times faster than per-tensor ops on small networks, which matters to SAC's
+thousands of small updates), so its steps are bit for bit torch's, and its state_dict has torch's
+format (checkpoints of either load into the other).
 Where a device has no fused kernel, the multi-tensor (`_foreach`) form of the same update runs.
 """
 

@@ -34,10 +34,10 @@ class _SigmoidTanh(torch.autograd.Function):
 class Tanh(nn.Module):
     """tanh, computed through sigmoid on large CPU batches.
 
-    torch's CPU tanh kernel is several times slower than its sigmoid (on one thread, about 0.8 ms
-    against 0.15 ms for a learner batch of 4,224 x 64), which made tanh a third of IMPALA's
-    forward pass. Small batches (acting) keep the native kernel: there the autograd.Function's
-    fixed cost would outweigh the saving. The two agree to float32 rounding (about 1e-7).
+    torch's CPU tanh kernel is several times slower than its sigmoid, which made tanh a large share
+    of IMPALA's forward pass (docs/benchmarks.md). Small batches (acting) keep the native kernel:
+    there the autograd.Function's fixed cost would outweigh the saving. The two agree to float32
+    rounding (about 1e-7).
     """
 
     SIGMOID_FROM = 65536  # elements
