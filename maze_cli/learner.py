@@ -12,7 +12,9 @@ tensors that returns named losses and metrics. The `Learner` owns everything els
   so one graph serves every batch), the time it took in the log;
 - the device, the timings of forward and backward passes, and the metrics: kept as tensors and
   reduced once per epoch, so no minibatch waits for the host to read a number back. The one sync
-  left is a finiteness check of the iteration's losses before its weights are published.
+  left is a finiteness check of the iteration's losses before its weights are published;
+- with several learners (`learner.num_learners`), the averaging of every gradient over them
+  (maze_cli/distributed.py), so that an algorithm's update is the same code for one learner or N.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 from torch import nn
 
 from maze_cli.algorithms.optim import Adam
+from maze_cli.distributed import LearnerGroup
 from maze_cli.errors import ConfigError
 from maze_cli.stats.aggregator import EpochStatsAggregator
 from maze_cli.training import NonFiniteLoss
@@ -59,10 +62,11 @@ class Learner:
     :param precision: fp32, bf16 (autocast; CPU and CUDA) or fp16 (autocast and a gradient scaler; CUDA).
     :param compile: compile the loss functions the algorithm registers (`loss_function`).
     :param compile_mode: torch.compile's mode (default, reduce-overhead: CUDA graphs, max-autotune).
+    :param group: this learner's place among several data-parallel learners (None: the only learner).
     """
 
     def __init__(self, device: str | torch.device = "cpu", precision: str = "fp32", compile: bool = False,
-                 compile_mode: str = "default"):
+                 compile_mode: str = "default", group: LearnerGroup | None = None):
         if precision not in PRECISIONS and precision != "auto":
             raise ValueError(f"precision={precision}: must be auto or one of {', '.join(PRECISIONS)}")
         self.device = torch.device(device)
@@ -74,6 +78,19 @@ class Learner:
         self.metrics = EpochStatsAggregator()  # learner/* (tensors until the epoch's row is made) and time/*
         self.timings = {"forward": 0.0, "backward": 0.0}  # seconds since `take_timings`
         self._watched: list[tuple[str, torch.Tensor]] = []  # losses of this iteration, checked before a broadcast
+        self.group = group
+        if group is not None:
+            group.use_device(self.device)
+
+    @property
+    def pool(self):
+        """How running statistics (observation normalizer, reward scale) pool every learner's samples; None alone."""
+        return None if self.group is None else self.group.pooled_moments
+
+    @property
+    def world_size(self) -> int:
+        """How many learners train together (each on its own batches)."""
+        return 1 if self.group is None else self.group.world_size
 
     # -- setting up ---------------------------------------------------------------------------------
     def add_optimizer(self, name: str, params: Iterable[nn.Parameter], lr: float, eps: float = 1e-8,
@@ -112,10 +129,16 @@ class Learner:
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
     # -- one gradient step --------------------------------------------------------------------------
-    def step(self, losses: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def step(self, losses: Mapping[str, torch.Tensor], samples: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Backpropagate each loss into its own group's parameters (named as in `add_optimizer`),
         clip, and step each group's optimizer; returns the gradient norm (before clipping) of every
-        group that clips. Gradients of one loss never reach another group's parameters."""
+        group that clips. Gradients of one loss never reach another group's parameters.
+
+        With several learners, the gradients are averaged over them before anything else looks at
+        them (still scaled, under fp16: an overflow on one learner then skips the step on all).
+        `samples`: how many samples the losses average over on this learner, where that differs
+        between learners (steps of autoreset left out): the average is then weighted by it, which
+        gives the gradient of the losses averaged over every learner's samples at once."""
         t0 = time.perf_counter()
         names = list(losses)
         for name in names:
@@ -123,6 +146,8 @@ class Learner:
         for i, name in enumerate(names):
             loss = losses[name] if self.scaler is None else self.scaler.scale(losses[name])
             torch.autograd.backward(loss, inputs=self.groups[name].params, retain_graph=i < len(names) - 1)
+        if self.group is not None:
+            self.group.average_gradients([p for name in names for p in self.groups[name].params], samples)
         norms = {}
         for name in names:
             group = self.groups[name]
@@ -151,15 +176,18 @@ class Learner:
 
     def check_finite(self) -> None:
         """Raise NonFiniteLoss naming the first watched loss that is NaN or infinite (one host sync
-        for all of them), so that no diverged weights reach an actor or a checkpoint."""
+        for all of them), so that no diverged weights reach an actor or a checkpoint. With several
+        learners all of them raise when any one has a non-finite loss."""
         watched, self._watched = self._watched, []
-        if not watched:
-            return
-        finite = torch.stack([loss.float() for _, loss in watched]).isfinite()
-        if bool(finite.all()):
-            return
-        name, loss = watched[int((~finite).nonzero()[0])]
-        raise NonFiniteLoss(f"learner/{name}", float(loss))
+        bad = None
+        if watched:
+            finite = torch.stack([loss.float() for _, loss in watched]).isfinite()
+            if not bool(finite.all()):
+                bad = watched[int((~finite).nonzero()[0])]
+        if self.group is not None and self.group.any(bad is not None) and bad is None:
+            raise NonFiniteLoss("learner/loss (on another learner)", float("nan"))
+        if bad is not None:
+            raise NonFiniteLoss(f"learner/{bad[0]}", float(bad[1]))
 
     def take_timings(self) -> dict[str, float]:
         """Seconds of forward and backward passes since the last call."""

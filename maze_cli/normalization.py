@@ -13,6 +13,8 @@ rollouts by the rollouts' `env_id`, so it needs no state in the actors.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -22,6 +24,8 @@ from maze_cli.envs.spaces import _flatten_spaces
 from maze_cli.records import Rollout
 
 _EPS = 1e-8
+# (mean, var, count) of this learner's samples -> those of every learner's (LearnerGroup.pooled_moments)
+Pool = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor, float]]
 
 
 class RunningMeanStd(nn.Module):
@@ -34,11 +38,19 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
 
     @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
-        """Add samples `x` `[N, *shape]`."""
+    def update(self, x: torch.Tensor, pool: Pool | None = None) -> None:
+        """Add samples `x` `[N, *shape]`; with `pool` (several learners), every learner's samples of
+        this call, so that all learners keep the same statistics."""
         x = x.detach().to(torch.float64).reshape(-1, *self.mean.shape)
-        if x.shape[0]:
-            self.merge(x.mean(0), x.var(0, unbiased=False), float(x.shape[0]))
+        if pool is None:
+            if x.shape[0]:
+                self.merge(x.mean(0), x.var(0, unbiased=False), float(x.shape[0]))
+            return
+        zeros = torch.zeros_like(self.mean)
+        mean, var, count = pool(x.mean(0) if x.shape[0] else zeros, x.var(0, unbiased=False) if x.shape[0] else zeros,
+                                float(x.shape[0]))
+        if count:
+            self.merge(mean, var, count)
 
     @torch.no_grad()
     def merge(self, mean: torch.Tensor, var: torch.Tensor, count: float) -> None:
@@ -105,15 +117,15 @@ class ObservationNormalizer(nn.Module):
         return out
 
     @torch.no_grad()
-    def update(self, observations: dict[str, torch.Tensor]) -> None:
-        """Add a batch of observations (any leading dims)."""
+    def update(self, observations: dict[str, torch.Tensor], pool: Pool | None = None) -> None:
+        """Add a batch of observations (any leading dims); `pool`: see RunningMeanStd.update."""
         for key, stats in zip(self.keys, self.stats):
-            stats.update(observations[key])
+            stats.update(observations[key], pool)
 
-    def update_from(self, batch: Rollout) -> None:
+    def update_from(self, batch: Rollout, pool: Pool | None = None) -> None:
         """Add a batch's observations, each once: the last row (the one to bootstrap from) is the
         first of the actor's next rollout."""
-        self.update({key: value[: batch.n_steps] for key, value in batch.observations.items()})
+        self.update({key: value[: batch.n_steps] for key, value in batch.observations.items()}, pool)
 
 
 class RewardScaler:
@@ -127,8 +139,9 @@ class RewardScaler:
         self.returns = torch.zeros(0, dtype=torch.float64)  # by env id
 
     @torch.no_grad()
-    def __call__(self, batch: Rollout) -> torch.Tensor:
-        """The batch's rewards, scaled; updates the statistics with the batch's returns first."""
+    def __call__(self, batch: Rollout, pool: Pool | None = None) -> torch.Tensor:
+        """The batch's rewards, scaled; updates the statistics with the batch's returns first (with
+        `pool`, every learner's returns: see RunningMeanStd.update)."""
         ids = batch.env_id.cpu()
         if int(ids.max()) >= self.returns.numel():
             grown = torch.zeros(int(ids.max()) + 1, dtype=torch.float64)
@@ -143,7 +156,7 @@ class RewardScaler:
             returns[t] = ret
             ret = np.where(dones[t], 0.0, ret)
         self.returns[ids] = torch.from_numpy(ret)
-        self.stats.update(torch.from_numpy(returns[~batch.autoreset.cpu().numpy()]))  # autoreset steps are no transitions
+        self.stats.update(torch.from_numpy(returns[~batch.autoreset.cpu().numpy()]), pool)  # autoreset steps are no transitions
         scale = float((self.stats.var + _EPS).sqrt())
         return (batch.rewards / scale).clamp(-self.clip, self.clip)
 

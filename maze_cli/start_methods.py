@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import sys
 
 # What the forkserver imports once, so each actor forks with torch and the actor loop loaded.
 _FORKSERVER_PRELOAD = ["__main__", "torch", "gymnasium", "maze_cli.parallel.subproc"]
@@ -17,6 +18,7 @@ def warm_up_start_method(start_method: str | None) -> None:
     """Start the forkserver now; it imports torch in its own process while the learner sets up,
     so the first actor starts without that wait. Harmless if called twice or for other methods."""
     method = start_method or default_start_method()
+    quiet_resource_tracker()
     current = mp.get_start_method(allow_none=True)
     if current is not None and current not in mp.get_all_start_methods():
         # Inside e.g. a joblib/loky worker the process-wide method is one a child cannot name;
@@ -28,3 +30,12 @@ def warm_up_start_method(start_method: str | None) -> None:
 
     mp.get_context("forkserver").set_forkserver_preload(_FORKSERVER_PRELOAD)
     forkserver.ensure_running()
+
+
+def quiet_resource_tracker() -> None:
+    """A child process killed outright (SIGKILL, out of memory) cannot unregister its semaphores; the
+    resource tracker frees them at the end and warns about each, below the one line that says what
+    happened. The tracker takes this process's -W options when it starts (first use or forkserver)."""
+    option = "ignore:resource_tracker:UserWarning"
+    if option not in sys.warnoptions:
+        sys.warnoptions.append(option)

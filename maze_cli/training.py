@@ -16,6 +16,7 @@ from typing import Any, Callable, Protocol, Sequence
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from maze_cli.distributed import CONTINUE, EPOCH_END, STOP, LearnerGroup
 from maze_cli.stats.aggregator import EpochStatsAggregator
 from maze_cli.stats.writers import StatsWriter
 
@@ -76,8 +77,10 @@ class Trainer:
         eval_interval: int = 0,
         on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
         evaluate_first: bool = False,
+        group: LearnerGroup | None = None,
     ):
         self.loop = loop
+        self.group = group  # with several learners: this is learner 0, the one that decides and writes
         self.budget = budget
         self.writers = list(writers)
         self.progress = progress
@@ -107,10 +110,12 @@ class Trainer:
             return None
         return math.fsum(self.window) / len(self.window)
 
-    def _stop_reason(self, elapsed: float) -> str | None:
-        """Budget checks after each update; with evaluation on, the target is judged on eval instead."""
+    def _stop_reason(self, elapsed: float, judge_window: bool = True) -> str | None:
+        """Budget checks after each update; with evaluation on, the target is judged on eval instead.
+        With several learners the training window is judged at the epoch's end only, once it holds
+        every learner's episodes (`judge_window=False` before)."""
         b = self.budget
-        mean = self.window_mean()
+        mean = self.window_mean() if judge_window else None
         if self.evaluate is None and b.target_return is not None and mean is not None and mean >= b.target_return:
             return "target_return"
         if self.env_steps >= b.max_env_steps:
@@ -167,15 +172,22 @@ class Trainer:
             return self._epoch_stats(self.time_offset + time.perf_counter() - start, time.perf_counter() - epoch_start, steps_before)
 
         try:
-            for _ in range(self.budget.epoch_length):
+            for i in range(self.budget.epoch_length):
                 self._one_update()
                 bar.update(self.env_steps - bar.n)
-                reason = self._stop_reason(time.perf_counter() - start)
+                reason = self._stop_reason(time.perf_counter() - start, judge_window=self.group is None)
+                if self.group is not None:
+                    self.group.decide(EPOCH_END if reason or i == self.budget.epoch_length - 1 else CONTINUE)
                 if reason:
                     break
+            if self.group is not None:
+                self._take_other_learners_episodes()
+                reason = reason or self._stop_reason(time.perf_counter() - start)
             stats = close_epoch()
             if self.evaluate is not None and (self.epoch % self.eval_interval == 0 or reason is not None):
                 reason = self._evaluate_into(stats, reason)
+            if self.group is not None:
+                self.group.decide(STOP if reason else CONTINUE)
         except KeyboardInterrupt:
             if stats is None and self.env_steps > steps_before:
                 stats = close_epoch()
@@ -228,8 +240,18 @@ class Trainer:
     def _one_update(self) -> None:
         returns = self.loop.actor_stats.values("episode_return")
         n_episodes = len(returns)
-        self.env_steps += self.loop.iteration()
+        steps = self.loop.iteration()
+        self.env_steps += steps if self.group is None else int(self.group.sum([steps])[0])
         self.window.extend(self.loop.actor_stats.values("episode_return")[n_episodes:])
+
+    def _take_other_learners_episodes(self) -> None:
+        """The epoch's episodes and actor stats of the other learners, into this learner's: the row
+        counts every learner's actors."""
+        stats = self.loop.actor_stats
+        for share in (self.group.gather_objects(None) or [])[1:]:
+            for event, values in share.items():
+                stats.extend(event, values)
+            self.window.extend(share.get("episode_return", []))
 
     def _epoch_stats(self, elapsed: float, epoch_s: float, steps_before: int) -> dict[str, Any]:
         actor, learner = self.loop.actor_stats, self.loop.learner_stats
@@ -262,3 +284,20 @@ class Trainer:
         actor.clear()
         learner.clear()
         return {k: v for k, v in stats.items() if v is not None}
+
+
+def follow(loop: TrainingLoop, group: LearnerGroup) -> None:
+    """What a learner other than learner 0 does: iterate in step with it (gradients are averaged
+    inside each update) until it says stop; at each epoch's end send it this epoch's episodes and
+    actor stats, which its row counts."""
+    while True:
+        group.sum([loop.iteration()])
+        decision = group.decide()
+        if decision == EPOCH_END:
+            stats = loop.actor_stats
+            group.gather_objects({event: list(stats.values(event)) for event in stats.events()})
+            stats.clear()
+            loop.learner_stats.clear()  # learner 0's metrics stand for all: the weights are the same
+            decision = group.decide()
+        if decision == STOP:
+            return

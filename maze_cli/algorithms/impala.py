@@ -92,11 +92,10 @@ def _discounted_backwards(deltas: torch.Tensor, factors: torch.Tensor) -> torch.
 class Impala(ImpalaConfig, Algorithm):
     """`algorithm=impala`: actor-critic policy, actors feeding batches of rollouts as they come, V-trace."""
 
-    # Chosen on a suite (CartPole, Acrobot, a Dict-observation goal task, MinAtar; benchmarks/SUITE.md)
-    # by wall time to the target: 64 was the fastest in env steps/s but the slowest to learn everywhere
-    # except CartPole (4,096 samples an update: too few updates); 8 and 16 tied, 16 with the better worst case.
+    # Chosen on a suite of envs by wall time to the target, not by env steps/s: more envs per actor give more
+    # env steps/s but fewer updates per env step, and learned slower (benchmarks/SUITE.md).
     envs_per_actor = 16
-    epoch_length = 80  # 80 updates of 1,024 samples: the same env steps an epoch (and evaluation) as 20 of 4,096 were
+    epoch_length = 80  # updates of 2 x 16 x 32 samples: an epoch (a row of stats, an evaluation) of about a second
     network_defaults = {"activation": "tanh"}
 
     def build(self, parts: Components) -> Run:
@@ -125,7 +124,7 @@ class ImpalaLearner(ActorCriticLearner):
         real = (~batch.autoreset).float()
         loss, metrics = self.forward_loss(batch.observations, batch.initial_state, batch.episode_start, batch.actions,
                                           batch.behaviour_logp, rewards, discounts, real)
-        metrics["grad_norm"] = self.step({"policy": loss})["policy"]
+        metrics["grad_norm"] = self.step({"policy": loss}, samples=real.sum() if self.group is not None else None)["policy"]
         self.watch({"loss": loss})
         self.updates += 1
         self.observe(batch)

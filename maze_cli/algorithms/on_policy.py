@@ -33,7 +33,7 @@ class ActorCriticLearner(Learner):
 
     def rewards(self, batch: Rollout) -> torch.Tensor:
         """The batch's rewards, scaled when `normalize_reward` is on, truncated episodes bootstrapped."""
-        rewards = self.reward_scaler(batch) if self.reward_scaler else batch.rewards
+        rewards = self.reward_scaler(batch, self.pool) if self.reward_scaler else batch.rewards
         with self.autocast():
             return bootstrap_truncated(self.policy, rewards, batch, self.hp.gamma)
 
@@ -41,7 +41,7 @@ class ActorCriticLearner(Learner):
         """After an update: the observation statistics take in the batch, so that the next policy
         version acts and learns with the same ones."""
         if self.policy.obs_normalizer is not None:
-            self.policy.obs_normalizer.update_from(batch)
+            self.policy.obs_normalizer.update_from(batch, self.pool)
 
     def update(self, batch: Rollout) -> dict[str, torch.Tensor]:
         raise NotImplementedError

@@ -152,18 +152,19 @@ class PpoLearner(ActorCriticLearner):
                 loss, metrics = self.forward_loss(mb["observations"], mb["initial_state"], mb["episode_start"], mb["actions"],
                                                   mb["behaviour_logp"], mb["advantages"], mb["returns"], mb["old_values"],
                                                   mb["real"], clip_t)
-                # target_kl is the one option that needs a number on the host per minibatch
-                if hp.target_kl is not None and float(metrics["approx_kl"]) > 1.5 * hp.target_kl:
+                # target_kl is the one option that needs a number on the host per minibatch (and,
+                # with several learners, their agreement: they stop together or step together)
+                if hp.target_kl is not None and self._kl_stop(float(metrics["approx_kl"]) > 1.5 * hp.target_kl):
                     stopped = True
                     break
-                metrics["grad_norm"] = self.step({"policy": loss})["policy"]
+                metrics["grad_norm"] = self.step({"policy": loss}, samples=mb["real"].sum() if self.group is not None else None)["policy"]
                 self.watch({"loss": loss})
                 self.updates += 1
                 steps.append(metrics)
             if stopped:
                 break
         self.observe(batch)
-        self.env_steps += batch.rewards.numel()
+        self.env_steps += batch.rewards.numel() * self.world_size  # every learner's batch is the same size
         if steps:
             result = {key: torch.stack([m[key] for m in steps]).mean() for key in steps[0]}
         else:  # the first minibatch already exceeded target_kl: report it, untrained
@@ -176,6 +177,9 @@ class PpoLearner(ActorCriticLearner):
         result |= {"gradient_steps": float(len(steps)), "kl_stop": float(stopped), "lr": lr, "clip_range": clip}
         self.record(result)
         return result
+
+    def _kl_stop(self, exceeded: bool) -> bool:
+        return exceeded if self.group is None else self.group.any(exceeded)
 
     def loss(self, observations: Observations, initial_state: State, episode_start: torch.Tensor, actions: torch.Tensor,
              behaviour_logp: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, old_values: torch.Tensor,

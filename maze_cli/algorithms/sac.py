@@ -316,16 +316,25 @@ class SacLoop:
     def updates(self) -> int:
         return self.learner.updates
 
+    def _collected(self, steps: int) -> float:
+        """The transitions this iteration's updates are owed for: this learner's, or with several
+        learners their mean, so that all of them make the same number of updates (each one a
+        collective) and each learner's replay ratio holds on average."""
+        group = self.learner.group
+        return steps if group is None else group.sum([steps])[0] / group.world_size
+
     def iteration(self) -> int:
         steps_before = self.workers.env_steps
         t0 = time.perf_counter()
+        new_steps = 0  # collected for learning (the initial buffer earns no updates)
         if self.workers.env_steps == 0:
             self.workers.init_replay_buffer()
             queue_before = 0.0
         else:
             queue_before, _, _ = self.workers.collect_rollouts()
-            self.credit += self.replay_ratio * (self.workers.env_steps - steps_before)
-            self.learning_steps += self.workers.env_steps - steps_before
+            new_steps = self.workers.env_steps - steps_before
+            self.learning_steps += new_steps
+        self.credit += self.replay_ratio * self._collected(new_steps)
         t1 = time.perf_counter()
         sample_s = learn_s = 0.0
         n_updates = int(self.credit)

@@ -74,8 +74,9 @@ def trusted_targets(config: dict[str, Any]) -> frozenset[str]:
 
 
 def build_run(settings: Settings, env_factory: EnvFactory, observation_space: gym.Space, action_space: gym.Space,
-              trusted: Iterable[str] = (), trust_checkpoint: bool = False) -> Run:
-    """The algorithm, built with every other group's component."""
+              trusted: Iterable[str] = (), trust_checkpoint: bool = False, group: Any = None) -> Run:
+    """The algorithm, built with every other group's component; with several learners (`group`, a
+    LearnerGroup), this learner's: its share of the actors, its own seeds."""
     cls, hyperparameters = _target_and_arguments("algorithm", settings.algorithm)
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise ConfigError(f"algorithm._target_={settings.algorithm._target_}: not an algorithm class (a subclass of maze_cli.algorithms.base.Algorithm)")
@@ -91,11 +92,14 @@ def build_run(settings: Settings, env_factory: EnvFactory, observation_space: gy
         check_spaces(policy, observation_space, action_space, where)
         return policy
 
+    rank, world_size = (0, 1) if group is None else (group.rank, group.world_size)
+    options = settings.train.learner
     parts = Components(
         env_factory=env_factory, observation_space=observation_space, action_space=action_space,
-        network=_network_config(settings, algorithm), make_actors=_actors_factory(settings, algorithm, env_factory),
-        make_replay_buffer=_replay_buffer_factory(settings), device=settings.train.device, seed=seed, load_policy=load_policy,
-        max_env_steps=settings.train.max_env_steps, learner=dataclasses.asdict(settings.train.learner),
+        network=_network_config(settings, algorithm), make_actors=_actors_factory(settings, algorithm, env_factory, rank, world_size),
+        make_replay_buffer=_replay_buffer_factory(settings, rank), device=learner_device(settings.train.device, rank, world_size),
+        seed=seed, load_policy=load_policy, max_env_steps=settings.train.max_env_steps,
+        learner={"precision": options.precision, "compile": options.compile, "compile_mode": options.compile_mode, "group": group},
     )
     return dataclasses.replace(algorithm.build(parts), epoch_length=settings.train.epoch_length or algorithm.epoch_length)
 
@@ -110,8 +114,27 @@ def _network_config(settings: Settings, algorithm: Algorithm) -> dict[str, Any]:
     return network
 
 
-def _actors_factory(settings: Settings, algorithm: Algorithm, env_factory: EnvFactory):
-    """`make_actors(policy=..., n_rollout_steps=..., **overrides)` for the runner group's class."""
+def learner_device(device: str, rank: int, world_size: int) -> str:
+    """The device of learner `rank`: `device` itself for one learner; with several on CUDA, GPU
+    `rank` of this machine (or of what CUDA_VISIBLE_DEVICES shows a Ray learner: its own GPU)."""
+    parsed = torch.device(device)
+    if world_size == 1 or parsed.type != "cuda":
+        return device
+    return f"cuda:{rank % max(torch.cuda.device_count(), 1)}"
+
+
+def actors_share(n_actors: int, rank: int, world_size: int) -> slice:
+    """Which of the run's `n_actors` actors belong to learner `rank`: contiguous shares, the first
+    `n_actors % world_size` learners one actor more."""
+    base, extra = divmod(n_actors, world_size)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (rank < extra))
+
+
+def _actors_factory(settings: Settings, algorithm: Algorithm, env_factory: EnvFactory, rank: int = 0, world_size: int = 1):
+    """`make_actors(policy=..., n_rollout_steps=..., **overrides)` for the runner group's class: with
+    several learners, learner `rank`'s share of the actors, with their seeds (so no two learners'
+    actors collect the same episodes)."""
     cls, options = _target_and_arguments("runner", settings.runner)
     seed = settings.train.seed
     n_actors = options.get("n_actors", 1)
@@ -121,6 +144,12 @@ def _actors_factory(settings: Settings, algorithm: Algorithm, env_factory: EnvFa
         options["actor_env_seeds"] = derive_seeds(seed, "actor_env", n_actors)
     if options.get("actor_agent_seeds", 0) is None:
         options["actor_agent_seeds"] = derive_seeds(seed, "actor_agent", n_actors)
+    if world_size > 1 and "n_actors" in options:
+        share = actors_share(n_actors, rank, world_size)
+        options["n_actors"] = share.stop - share.start
+        for key in ("actor_env_seeds", "actor_agent_seeds"):
+            if options.get(key) is not None:
+                options[key] = list(options[key])[share]
 
     def make_actors(**arguments: Any):
         return _construct("runner", cls, **({"env_factory": env_factory} | options | arguments))
@@ -128,12 +157,14 @@ def _actors_factory(settings: Settings, algorithm: Algorithm, env_factory: EnvFa
     return make_actors
 
 
-def _replay_buffer_factory(settings: Settings):
+def _replay_buffer_factory(settings: Settings, rank: int = 0):
     """`make_replay_buffer(item_specs=...)` for the replay_buffer group's class, its seed derived
-    from the master seed where the config left it null."""
+    from the master seed where the config left it null (and from the learner's rank beyond the first)."""
     cls, options = _target_and_arguments("replay_buffer", settings.replay_buffer)
     if options.get("seed", 0) is None:
-        options["seed"] = derive_seed(settings.train.seed, "replay_buffer")
+        options["seed"] = derive_seed(settings.train.seed, "replay_buffer" if rank == 0 else f"replay_buffer/{rank}")
+    elif rank:
+        options["seed"] = derive_seed(options["seed"], f"replay_buffer/{rank}")
     return functools.partial(_construct, "replay_buffer", cls, **options)
 
 

@@ -6,6 +6,7 @@ Errors in the user's input end in one line on stderr and exit code 2, never a tr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -94,15 +95,9 @@ def run_train(cfg: DictConfig) -> dict:
 
     import torch
 
-    from maze_cli.checkpoint import Checkpointer
-    from maze_cli.cli.build import build_run, build_trackers, check_device, check_env, trusted_targets
-    from maze_cli.envs.spaces import describe_space
-    from maze_cli.evaluation import Evaluator
+    from maze_cli.cli.build import check_device, check_env, trusted_targets
     from maze_cli.learner import check_options
-    from maze_cli.seeding import derive_seed, derive_seeds, seed_everything
-    from maze_cli.stats.plots import start_learning_curve, write_learning_curve
-    from maze_cli.stats.writers import ConsoleTable, JsonlWriter, TensorBoardWriter
-    from maze_cli.training import Budget, NonFiniteLoss, Trainer
+    from maze_cli.seeding import derive_seed, seed_everything
 
     check_device(settings.train.device)
     check_options(settings.train.learner.precision, settings.train.learner.compile, settings.train.device)
@@ -116,7 +111,27 @@ def run_train(cfg: DictConfig) -> dict:
 
     seed_everything(derive_seed(t.seed, "learner"))
     trusted = trusted_targets(config)
-    run = build_run(settings, env_factory, observation_space, action_space, trusted, t.trust_checkpoint)
+    closing = contextlib.ExitStack()  # the other learners, stopped however this function ends
+    with closing:
+        group = _start_other_learners(settings, config, closing)
+        return _train(cfg, settings, config, env_factory, observation_space, action_space, trusted, resumed_from, group, started)
+
+
+def _train(cfg, settings, config, env_factory, observation_space, action_space, trusted, resumed_from, group, started) -> dict:
+    """Build learner 0's run (the only one, or the one that evaluates and writes), train, write the results."""
+    from maze_cli.checkpoint import Checkpointer
+    from maze_cli.cli.build import build_run, build_trackers
+    from maze_cli.distributed import LearnerFailure
+    from maze_cli.envs.spaces import describe_space
+    from maze_cli.evaluation import Evaluator
+    from maze_cli.seeding import derive_seeds
+    from maze_cli.stats.plots import start_learning_curve, write_learning_curve
+    from maze_cli.stats.writers import ConsoleTable, JsonlWriter, TensorBoardWriter
+    from maze_cli.training import Budget, NonFiniteLoss, Trainer
+
+    t = settings.train
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run = build_run(settings, env_factory, observation_space, action_space, trusted, t.trust_checkpoint, group)
     warm_started = bool(t.init_from.path) and not t.resume  # a resumed run has its own weights
     if warm_started:
         from maze_cli.warm_start import warm_start
@@ -138,7 +153,8 @@ def run_train(cfg: DictConfig) -> dict:
             videos(run.learner.policy, trainer.epoch, trainer.env_steps)
         return stats
 
-    trainer = Trainer(run.loop, budget, files, evaluate=evaluate, eval_interval=t.eval.interval, evaluate_first=warm_started)
+    trainer = Trainer(run.loop, budget, files, evaluate=evaluate, eval_interval=t.eval.interval, evaluate_first=warm_started,
+                      group=group)
     checkpointer = Checkpointer(run_dir / "checkpoints", run, trainer, config, t.checkpoint.interval, t.checkpoint.replay_buffer)
     trainer.on_epoch_end = checkpointer.on_epoch_end
     if t.resume:
@@ -147,19 +163,22 @@ def run_train(cfg: DictConfig) -> dict:
         tensorboard.rewind(trainer.epoch, trainer.env_steps)
         log.info(f"resumed {run_dir} at epoch {trainer.epoch}, {trainer.env_steps:,} env steps"
                  + (f" (its last checkpoint; the {dropped} epoch rows written after it are trained again)" if dropped else ""))
+    if group is not None:  # every learner starts from learner 0's state: weights, optimizer, statistics
+        group.broadcast_object(run.learner.state_dict())
     log.info(f"run dir: {run_dir}")
     actors = getattr(run.runner, "actors", run.runner)  # workers with a buffer wrap their actors
+    learners = "" if group is None else f" per learner, {group.world_size} learners"
     log.info(
         f"env {env_factory.describe()}: observations {describe_space(observation_space)}, actions {describe_space(action_space)}; "
         f"{_short(settings.algorithm._target_)} with {_short(settings.runner._target_)}, "
-        f"{actors.n_actors} actors x {actors.envs_per_actor} envs"
+        f"{actors.n_actors} actors x {actors.envs_per_actor} envs{learners}"
     )
     trackers = build_trackers(settings.logger, run_dir, config)  # last: a failure before it leaves no tracker run open
     trainer.writers += trackers
     curve = None
     try:
         with run.runner:
-            if t.resume:
+            if t.resume or group is not None:  # (with several learners: so that every learner's policy version agrees)
                 run.runner.broadcast_updated_policy(run.learner.policy.state_dict())
             result = trainer.run()
             curve = start_learning_curve(run_dir)  # every row is written: drawn while the actors stop
@@ -174,6 +193,10 @@ def run_train(cfg: DictConfig) -> dict:
         checkpointer.save_last("interrupted")
         log.info("interrupted: actors stopped, checkpoints/last.pt written")
         raise
+    except LearnerFailure as err:
+        checkpointer.save_last("learner_failed")
+        raise LearnerFailure(f"{err}; the run stopped after {trainer.env_steps:,} env steps, checkpoints/last.pt written: "
+                             f"train resume={run_dir} continues it") from None
     finally:
         for writer in files:
             writer.close()
@@ -187,6 +210,44 @@ def run_train(cfg: DictConfig) -> dict:
     log.info(_summary_line(result, trainer.time_offset + result.time_s, trainer.best_eval, run_dir / "checkpoints",
                            time.perf_counter() - started))
     return {"stop_reason": result.stop_reason, "env_steps": result.env_steps, "time_s": result.time_s}
+
+
+def _start_other_learners(settings, config: dict, closing: contextlib.ExitStack):
+    """With `learner.num_learners` > 1: start learners 1..N-1, wait until they join, and return this
+    process's place among them (learner 0); None for one learner. They are stopped when `closing` closes."""
+    options = settings.train.learner
+    if options.num_learners == 1:
+        return None
+    from maze_cli.distributed import LearnerGroup, backend_for
+    from maze_cli.parallel.learners import LearnerProcesses
+    from maze_cli.start_methods import default_start_method
+
+    check_learners(settings)
+    peers = closing.enter_context(LearnerProcesses(
+        config, options.num_learners, options.collective_timeout_s, backend_for(settings.train.device),
+        settings.runner.get("start_method") or default_start_method()))
+    peers.wait_ready(timeout_s=max(120.0, options.collective_timeout_s))
+    group = LearnerGroup(peers.spec, store=peers.store)
+    closing.callback(group.close)
+    group.explain = peers.failure
+    others = ", ".join(f"learner {rank} (pid {process.pid})" for rank, process in enumerate(peers.processes, start=1))
+    log.info(f"learner.num_learners={options.num_learners}: {others} joined learner 0 (this process)")
+    return group
+
+
+def check_learners(settings) -> None:
+    """`learner.num_learners` fits the run and the machine: each learner needs an actor of its own,
+    and on CUDA a GPU of its own. One line naming the key, before anything starts."""
+    import torch
+
+    n = settings.train.learner.num_learners
+    n_actors = settings.runner.get("n_actors")
+    if n_actors is not None and n_actors < n:
+        raise ConfigError(f"learner.num_learners={n}: each learner needs actors of its own, and runner.n_actors={n_actors}; "
+                          f"set runner.n_actors to {n} or more (they are shared out among the learners)")
+    if torch.device(settings.train.device).type == "cuda" and torch.cuda.device_count() < n:
+        raise ConfigError(f"learner.num_learners={n} with device={settings.train.device}: each learner needs a GPU of its own "
+                          f"and this machine has {torch.cuda.device_count()}; use learner.num_learners={torch.cuda.device_count()}")
 
 
 def _warn_images_with_mlp(settings, observation_space) -> None:

@@ -39,23 +39,25 @@ def _f(default: Any = dataclasses.MISSING, **limits: Any) -> Any:
 
 @dataclass
 class EvalConfig:
-    interval: int = _f(1, ge=0)  # epochs between evaluations; 0: off
-    episodes: int = _f(10, ge=1)
+    # epochs between evaluations (the last epoch is always evaluated); 0: off, and target_return is then
+    # judged on the mean of the last target_window training episodes
+    interval: int = _f(1, ge=0)
+    episodes: int = _f(10, ge=1)  # episodes per evaluation: the deterministic policy, the same env seeds every time
     video: bool = False  # record the first evaluation episode to videos/epoch_<n>.mp4 and TensorBoard
     video_interval: int = _f(1, ge=1)  # record every n-th evaluation
 
 
 @dataclass
 class CheckpointConfig:
-    interval: int = _f(10, ge=1)  # epochs between writes of last.pt (it is also written at the end)
-    replay_buffer: bool = False
+    interval: int = _f(10, ge=1)  # epochs between writes of last.pt (also written at the end, and on Ctrl-C or SIGTERM)
+    replay_buffer: bool = False  # also save the replay buffer (SAC), so that a resumed run keeps it
 
 
 @dataclass
 class InitFromConfig:
     """Warm start: a new run from a checkpoint's policy (`init_from=<path>` is short for `init_from.path=<path>`)."""
 
-    path: Optional[str] = None
+    path: Optional[str] = None  # a checkpoint whose policy weights the new run starts from
     optimizer: bool = False  # also the learner's optimizer state (SAC: with its critics and temperature)
     normalizer: bool = False  # also the observation statistics and reward scale (algorithm.normalize_obs/_reward)
 
@@ -70,26 +72,41 @@ class LearnerConfig:
     precision: str = _f("auto", choices=("auto", "fp32", "bf16", "fp16"))
     compile: bool = False  # torch.compile each loss function once (needs a C++ compiler; on CUDA, Triton)
     compile_mode: str = _f("default", choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
+    # data-parallel learners: each takes its share of runner.n_actors and its own batches; gradients are
+    # averaged (torch.distributed: gloo on CPU, NCCL on CUDA), so every learner holds the same weights
+    num_learners: int = _f(1, ge=1)
+    num_cpus_per_learner: float = _f(1.0, ge=0)  # runner=ray: what each learner's Ray actor reserves
+    num_gpus_per_learner: float = _f(0.0, ge=0)  # runner=ray: GPUs of each learner (device=cuda when > 0)
+    collective_timeout_s: float = _f(300.0, gt=0)  # a learner that sends nothing for this long stops the run
 
 
 @dataclass
 class TrainConfig:
     """Top-level keys of `train` (the budget and the run)."""
 
+    # master seed: every actor's env and action-sampling seeds, the learner's, the replay buffer's and the
+    # evaluation envs' seeds derive from it (each can be set on its own)
     seed: int = _f(1, ge=0)
-    max_env_steps: int = _f(1_000_000, ge=1)
-    max_time_s: Optional[float] = _f(None, gt=0)
+    max_env_steps: int = _f(1_000_000, ge=1)  # env steps budget (the packaged env configs set their own)
+    max_time_s: Optional[float] = _f(None, gt=0)  # wall-clock budget of the training loop, in seconds; null: none
+    # stop once the return reaches this; null: run for the budget. With evaluation on (eval.interval > 0) it is
+    # judged on each evaluation's mean return, with eval.interval=0 on the mean of the last target_window
+    # training episodes (train/return_window_mean). The packaged env configs set their own.
     target_return: Optional[float] = None
-    target_window: int = _f(100, ge=1)
-    epoch_length: Optional[int] = _f(None, ge=1)  # iterations per epoch; None: the algorithm's choice
-    device: str = "cpu"
-    torch_threads: int = _f(1, ge=1)
+    target_window: int = _f(100, ge=1)  # training episodes that train/return_window_mean averages
+    # learner iterations per epoch (an iteration: one batch learned from; SAC: the gradient steps one rollout
+    # pays for); an epoch is one row of stats and, with evaluation on, an evaluation; null: the algorithm's choice
+    epoch_length: Optional[int] = _f(None, ge=1)
+    device: str = "cpu"  # the learner's torch device (cpu, cuda, cuda:1, ...); actors always run on CPU
+    torch_threads: int = _f(1, ge=1)  # torch threads in the learner's process
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    resume: Optional[str] = None
+    resume: Optional[str] = None  # a run dir to continue in place, with its saved config
     init_from: InitFromConfig = field(default_factory=InitFromConfig)
-    trust_checkpoint: bool = False  # load checkpoints as pickled objects: runs code from the file
+    # true: checkpoints read by this run (resume, init_from, algorithm.initial_sampling_policy) may hold pickled
+    # objects and name any class: this runs code from the file; only for files from people you trust
+    trust_checkpoint: bool = False
 
 
 @dataclass
@@ -115,22 +132,26 @@ class ImpalaConfig:
     """IMPALA with V-trace (Espeholt et al. 2018)."""
 
     _target_: str = "maze_cli.algorithms.impala.Impala"
-    lr: float = _f(1e-3, gt=0)  # at 3e-3 the CartPole policy collapsed in 3 seeds of 20
-    gamma: float = _f(0.99, ge=0, le=1)
-    n_rollout_steps: int = _f(32, ge=1)
-    rho_bar: float = _f(1.0, gt=0)
-    c_bar: float = _f(1.0, gt=0)
-    value_coef: float = _f(0.5, ge=0)
-    entropy_coef: float = _f(0.01, ge=0)
-    # The batch's V-trace advantages to mean 0, std 1: the entropy bonus then weighs the same on any reward
-    # scale. On, IMPALA learns Pendulum, a Box-action reach task and MiniGrid's sparse reward, which it did not
-    # (or far slower) without; CartPole, Acrobot and MinAtar were 1.2-1.3x faster without (their tuning files).
+    lr: float = _f(1e-3, gt=0)  # Adam's learning rate (higher ones made the CartPole policy collapse: docs/benchmarks.md)
+    gamma: float = _f(0.99, ge=0, le=1)  # discount
+    n_rollout_steps: int = _f(32, ge=1)  # steps per rollout (T)
+    rho_bar: float = _f(1.0, gt=0)  # V-trace's clip of the importance weights
+    c_bar: float = _f(1.0, gt=0)  # V-trace's clip of the trace coefficients
+    value_coef: float = _f(0.5, ge=0)  # weight of the value loss
+    entropy_coef: float = _f(0.01, ge=0)  # weight of the entropy bonus
+    # the batch's V-trace advantages to mean 0, std 1, so the entropy bonus weighs the same on any reward scale;
+    # without it IMPALA did not learn Pendulum or MiniGrid's sparse reward, while CartPole, Acrobot and MinAtar
+    # learn faster without it (their tuning files turn it off; benchmarks/SUITE.md)
     normalize_advantage: bool = True
-    max_grad_norm: float = _f(0.5, gt=0)
-    adam_eps: float = _f(1e-5, gt=0)
+    max_grad_norm: float = _f(0.5, gt=0)  # gradient clipping by global norm
+    adam_eps: float = _f(1e-5, gt=0)  # Adam's epsilon
     shared_network: bool = False  # one policy network for the action and value heads (true) or one each
-    normalize_obs: Optional[bool] = None  # running mean/std of vector observations; None: on for continuous actions
-    normalize_reward: Optional[bool] = None  # rewards / std of the discounted return; None: on for continuous actions
+    # vector observations normalized by a running mean/std (updated by the learner from every actor's data,
+    # frozen in evaluation, saved in checkpoints, used by rollout); null: on for continuous (Box) actions
+    normalize_obs: Optional[bool] = None
+    # rewards divided by the running std of the discounted return (followed per env across rollouts), clipped
+    # at 10; null: on for continuous (Box) actions
+    normalize_reward: Optional[bool] = None
 
 
 @dataclass
@@ -138,25 +159,27 @@ class PpoConfig:
     """PPO (Schulman et al. 2017): synchronous, each batch collected with the current policy version."""
 
     _target_: str = "maze_cli.algorithms.ppo.Ppo"
-    lr: float = _f(3e-4, gt=0)
-    gamma: float = _f(0.99, ge=0, le=1)
-    gae_lambda: float = _f(0.95, ge=0, le=1)
-    n_rollout_steps: int = _f(64, ge=1)
+    lr: float = _f(3e-4, gt=0)  # Adam's learning rate
+    gamma: float = _f(0.99, ge=0, le=1)  # discount
+    gae_lambda: float = _f(0.95, ge=0, le=1)  # GAE's lambda (0: one-step TD error, 1: Monte Carlo)
+    n_rollout_steps: int = _f(64, ge=1)  # steps per rollout (T)
     n_epochs: int = _f(4, ge=1)  # passes over each batch
     n_minibatches: int = _f(4, ge=1)  # gradient steps per pass (recurrent policies: split by env, whole sequences)
     clip_range: float = _f(0.2, gt=0)  # of the probability ratio in the surrogate
-    clip_value: Optional[float] = _f(None, gt=0)  # None: no value clipping; else V stays within this of its old value
-    normalize_advantage: bool = True  # per minibatch
-    value_coef: float = _f(0.5, ge=0)
-    entropy_coef: float = _f(0.0, ge=0)
-    max_grad_norm: float = _f(0.5, gt=0)
-    target_kl: Optional[float] = _f(None, gt=0)  # stop the batch's passes once approx. KL exceeds 1.5 x this
+    # null: a plain squared value error; a number: the value may move at most this far from its old estimate
+    # (the pessimistic max of the clipped and unclipped errors)
+    clip_value: Optional[float] = _f(None, gt=0)
+    normalize_advantage: bool = True  # advantages to mean 0, std 1 per minibatch
+    value_coef: float = _f(0.5, ge=0)  # weight of the value loss
+    entropy_coef: float = _f(0.0, ge=0)  # weight of the entropy bonus
+    max_grad_norm: float = _f(0.5, gt=0)  # gradient clipping by global norm
+    target_kl: Optional[float] = _f(None, gt=0)  # stop the batch's passes once a minibatch's approx. KL exceeds 1.5 x this
     anneal_lr: bool = False  # lr falls linearly to 0 over max_env_steps
     anneal_clip: bool = False  # clip_range likewise
-    adam_eps: float = _f(1e-5, gt=0)
-    shared_network: bool = False
-    normalize_obs: Optional[bool] = None  # None: on for continuous actions
-    normalize_reward: Optional[bool] = None  # None: on for continuous actions
+    adam_eps: float = _f(1e-5, gt=0)  # Adam's epsilon
+    shared_network: bool = False  # one policy network for the action and value heads (true) or one each
+    normalize_obs: Optional[bool] = None  # observations by a running mean/std, as for IMPALA; null: on for Box actions
+    normalize_reward: Optional[bool] = None  # rewards by the return's std, as for IMPALA; null: on for Box actions
 
 
 @dataclass
@@ -166,7 +189,7 @@ class AppoConfig(PpoConfig):
     _target_: str = "maze_cli.algorithms.ppo.Appo"
     max_policy_lag: int = _f(8, ge=0)  # rollouts older than this many policy versions are dropped
     rho_bar: float = _f(1.0, gt=0)  # V-trace's clip of the importance ratio in the value targets
-    c_bar: float = _f(1.0, gt=0)
+    c_bar: float = _f(1.0, gt=0)  # V-trace's clip of the trace coefficients
 
 
 @dataclass
@@ -174,39 +197,43 @@ class SacConfig:
     """SAC (Haarnoja et al. 2018); discrete actions as in Christodoulou (2019)."""
 
     _target_: str = "maze_cli.algorithms.sac.Sac"
-    lr: float = _f(1e-3, gt=0)
-    alpha_lr: float = _f(1e-3, gt=0)
-    gamma: float = _f(0.99, ge=0, le=1)
-    tau: float = _f(0.005, gt=0, le=1)
-    init_alpha: float = _f(1.0, gt=0)
-    target_entropy: Optional[float] = None
-    target_entropy_scale: float = _f(0.5, gt=0, le=1)
-    n_rollout_steps: int = _f(8, ge=1)
-    rollouts_per_iteration: int = _f(1, ge=1)
-    batch_size: int = _f(256, ge=1)
-    replay_ratio: float = _f(1.0, gt=0)
-    initial_buffer_size: int = _f(1000, ge=0)
+    lr: float = _f(1e-3, gt=0)  # Adam's learning rate of the actor and the critics
+    alpha_lr: float = _f(1e-3, gt=0)  # Adam's learning rate of the entropy coefficient
+    gamma: float = _f(0.99, ge=0, le=1)  # discount
+    tau: float = _f(0.005, gt=0, le=1)  # Polyak averaging of the target critics
+    init_alpha: float = _f(1.0, gt=0)  # the entropy coefficient at the start (tuned automatically from there)
+    target_entropy: Optional[float] = None  # null: -dim(A) for Box actions, target_entropy_scale * log(n) for Discrete(n)
+    target_entropy_scale: float = _f(0.5, gt=0, le=1)  # Discrete actions only: the target entropy as a share of the maximum
+    n_rollout_steps: int = _f(8, ge=1)  # steps per worker rollout
+    rollouts_per_iteration: int = _f(1, ge=1)  # rollouts moved into the replay buffer per learner iteration
+    batch_size: int = _f(256, ge=1)  # transitions per gradient update (whole rollouts when not splitting)
+    replay_ratio: float = _f(1.0, gt=0)  # gradient updates per collected transition
+    initial_buffer_size: int = _f(1000, ge=0)  # transitions collected by the initial sampling policy before learning
+    # null or random: uniform random actions; a checkpoint path (.../checkpoints/last.pt, trained on this env's
+    # spaces); or a mapping with _target_ (called with observation_space, action_space and its other keys)
     initial_sampling_policy: Any = None
-    split_rollouts_into_transitions: bool = True
-    share_encoder: bool = True  # policy=cnn: one conv encoder for actor and critics, trained by the critic loss only
+    split_rollouts_into_transitions: bool = True  # store single transitions (true), or whole rollouts sampled as sequences
+    # policy=cnn: actor and both critics use one conv encoder, trained by the critic loss only (as in SAC-AE and
+    # DrQ); false: each network its own
+    share_encoder: bool = True
 
 
 # -- replay_buffer ----------------------------------------------------------------------------------
 @dataclass
 class UniformReplayConfig:
     _target_: str = "maze_cli.buffers.UniformReplayBuffer"
-    capacity: int = _f(1_000_000, ge=1)
-    seed: Optional[int] = _f(None, ge=0)  # None: derived from the master seed
+    capacity: int = _f(1_000_000, ge=1)  # items; the storage is preallocated, so its memory follows from the shapes
+    seed: Optional[int] = _f(None, ge=0)  # the sampling seed; null: derived from the master seed
 
 
 @dataclass
 class PrioritizedReplayConfig(UniformReplayConfig):
     _target_: str = "maze_cli.buffers.PrioritizedReplayBuffer"
-    alpha: float = _f(0.6, ge=0)
-    beta: float = _f(0.4, ge=0, le=1)
-    beta_final: float = _f(1.0, ge=0, le=1)
-    beta_anneal_samples: int = _f(100_000, ge=1)
-    eps: float = _f(1e-6, gt=0)
+    alpha: float = _f(0.6, ge=0)  # P(i) proportional to (abs(TD error) + eps) ^ alpha
+    beta: float = _f(0.4, ge=0, le=1)  # the importance-weight exponent at the start
+    beta_final: float = _f(1.0, ge=0, le=1)  # ... annealed linearly to this
+    beta_anneal_samples: int = _f(100_000, ge=1)  # ... over this many sampled batches
+    eps: float = _f(1e-6, gt=0)  # keeps every priority above zero
 
 
 # -- policy -----------------------------------------------------------------------------------------
@@ -215,10 +242,10 @@ class MlpPolicyConfig:
     """The policy network: each algorithm puts its heads (action distribution, value, Q) on top."""
 
     _target_: str = "maze_cli.policies.mlp.MlpNetwork"
-    hidden_sizes: List[int] = _f([64, 64], ge=1)
-    activation: Optional[str] = _f(None, choices=("tanh", "relu", "elu"))  # None: the algorithm's choice
-    core: str = _f("identity", choices=("identity", "lstm", "gru"))  # lstm / gru: a recurrent core (memory)
-    core_size: Optional[int] = _f(None, ge=1)  # units of a recurrent core; None: 128
+    hidden_sizes: List[int] = _f([64, 64], ge=1)  # hidden layers, each followed by the activation
+    activation: Optional[str] = _f(None, choices=("tanh", "relu", "elu"))  # null: the algorithm's choice
+    core: str = _f("identity", choices=("identity", "lstm", "gru"))  # lstm / gru: a recurrent core (memory); SAC refuses it
+    core_size: Optional[int] = _f(None, ge=1)  # units of a recurrent core; null: 128
     # what the network sees: the observation, and optionally the previous action and reward (as
     # IMPALA feeds its LSTM); they reach it as two more observation keys (maze_cli.envs.core_inputs)
     core_inputs: List[str] = _f(["obs"], choices=CORE_INPUTS)
@@ -230,39 +257,49 @@ class CnnPolicyConfig(MlpPolicyConfig):
 
     _target_: str = "maze_cli.policies.cnn.CnnNetwork"
     encoder: str = _f("auto", choices=("auto", "impala", "nature", "small"))  # auto: small below 32 px a side, else impala
-    hidden_sizes: List[int] = _f([256], ge=1)
-    activation: Optional[str] = _f("relu", choices=("tanh", "relu", "elu"))
-    channels_last: Optional[bool] = None  # None: guessed from each image's shape
+    hidden_sizes: List[int] = _f([256], ge=1)  # hidden layers after the encoders
+    activation: Optional[str] = _f("relu", choices=("tanh", "relu", "elu"))  # of the hidden layers
+    channels_last: Optional[bool] = None  # HWC (true) or CHW (false); null: the channel axis is the smaller of first and last
 
 
 # -- runner -----------------------------------------------------------------------------------------
 @dataclass
 class SequentialRunnerConfig:
     _target_: str = "maze_cli.parallel.SequentialDistributedActors"
-    n_actors: int = _f(2, ge=1)
-    envs_per_actor: Optional[int] = _f(None, ge=1)  # None: the algorithm's choice
-    batch_size: int = _f(2, ge=1)
-    actor_env_seeds: Optional[List[int]] = None
-    actor_agent_seeds: Optional[List[int]] = None
+    n_actors: int = _f(2, ge=1)  # actors (runner=subproc: processes; runner=ray: Ray actors)
+    # envs each actor steps together, with one batched forward pass a step; null: the algorithm's choice
+    envs_per_actor: Optional[int] = _f(None, ge=1)
+    batch_size: int = _f(2, ge=1)  # rollouts per learner update (SAC takes algorithm.rollouts_per_iteration instead)
+    actor_env_seeds: Optional[List[int]] = None  # one env seed per actor; null: derived from seed
+    actor_agent_seeds: Optional[List[int]] = None  # one action-sampling seed per actor; null: derived from seed
+    # failed actors restarted per run (fresh envs, seeds derived from the actor's and its restart count, the lost
+    # rollouts dropped); one more failure, or any with 0, ends the run with the error in one message
     max_restarts: int = _f(3, ge=0)
+    # an actor that sent no rollout this long counts as failed and is restarted; null: never. runner=sequential:
+    # a rollout running this long is interrupted (main thread only); runner=ray: the clock of a (re)started
+    # actor starts when it is created, so keep it above Ray's actor start-up
     rollout_timeout_s: Optional[float] = _f(120.0, gt=0)
 
 
 @dataclass
 class SubprocRunnerConfig(SequentialRunnerConfig):
     _target_: str = "maze_cli.parallel.SubprocDistributedActors"
+    # the pool holds this x batch_size + n_actors rollout slots, all that may be collected ahead of the learner:
+    # it bounds policy lag
     queue_out_of_sync_factor: float = _f(1.0, gt=0)
-    start_method: Optional[str] = _f(None, choices=("forkserver", "spawn", "fork"))
+    start_method: Optional[str] = _f(None, choices=("forkserver", "spawn", "fork"))  # null: forkserver where available
 
 
 @dataclass
 class RayRunnerConfig(SequentialRunnerConfig):
     _target_: str = "maze_cli.parallel.ray_backend.RayDistributedActors"
+    # null: start a Ray on this machine and shut it down at the end; auto or host:port: join a running
+    # cluster (left running)
     address: Optional[str] = None
-    num_cpus_per_actor: float = _f(1.0, ge=0)
-    num_gpus_per_actor: float = _f(0.0, ge=0)
-    resources: Any = None  # custom Ray resources each actor needs: {name: amount} (Any: checked by _check_resources)
-    max_in_flight_per_actor: int = _f(2, ge=1)
+    num_cpus_per_actor: float = _f(1.0, ge=0)  # CPUs each Ray actor reserves
+    num_gpus_per_actor: float = _f(0.0, ge=0)  # GPUs each Ray actor reserves (for placement; actors act on CPU)
+    resources: Any = None  # custom Ray resources each actor needs, {name: amount}, e.g. runner.resources={big_mem: 1}
+    max_in_flight_per_actor: int = _f(2, ge=1)  # rollouts requested ahead from each actor; bounds policy lag
 
 
 # The packaged options of each group: registered in Hydra's ConfigStore as `<group>/<option>_schema`,

@@ -1,0 +1,173 @@
+"""Several learners (`learner.num_learners`): the same update as one learner on all their batches,
+identical weights on every learner, runs that learn, stop together, fail in one line and resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from maze_cli.records import Rollout
+from tests.cli import run_train
+from tests.helpers import pid_alive, processes_with_env_tag, wait_until
+from tests.learner_cases import CARTPOLE, PENDULUM, rollout
+from tests.test_train import read_stats
+
+UPDATES = 8
+
+
+def _learner(algorithm: str, spaces, group=None):
+    """A seeded learner: the same initial weights in every process."""
+    from maze_cli.policies import ActorCritic, mlp_network
+
+    normalize = algorithm == "impala"  # IMPALA on Pendulum: observations and rewards normalized (statistics pooled)
+    torch.manual_seed(7)
+    policy = ActorCritic(*spaces, mlp_network((16, 16), "tanh"), normalize_obs=normalize)
+    if algorithm == "impala":
+        from maze_cli.algorithms.impala import Impala, ImpalaLearner
+
+        return ImpalaLearner(policy, Impala(normalize_advantage=False), "cpu", normalize, group=group)
+    from maze_cli.algorithms.ppo import Ppo, PpoLearner
+
+    # one minibatch, advantages as they are: the batch-wide statistics are then those of every learner's batch
+    hp = Ppo(n_epochs=2, n_minibatches=1, normalize_advantage=False, entropy_coef=0.01)
+    return PpoLearner(policy, hp, "cpu", False, max_env_steps=10_000, group=group)
+
+
+def _columns(batch: Rollout, part: slice) -> Rollout:
+    """The envs `part` of a time-major batch (batch-first fields sliced on their first dim)."""
+    def cut(name: str, value):
+        dim = 0 if name in Rollout.BATCH_FIRST else 1
+        take = (lambda t: t[part]) if dim == 0 else (lambda t: t[:, part])
+        if isinstance(value, dict):
+            return {k: take(v) for k, v in value.items()}
+        if isinstance(value, tuple):
+            return tuple(take(v) for v in value)
+        return None if value is None else take(value)
+
+    return Rollout(**{f.name: cut(f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch)})
+
+
+def _batches(spaces, n: int) -> list[Rollout]:
+    """`n` different batches `[T, B]` (each learner of the distributed run takes its half of each)."""
+    batches = []
+    for i in range(n):
+        torch.manual_seed(100 + i)
+        b = rollout(spaces)
+        b.rewards.add_(torch.randn(b.rewards.shape))
+        b.observations["obs"].add_(torch.randn(b.observations["obs"].shape))
+        batches.append(b)
+    return batches
+
+
+def _params(learner) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in learner.policy.state_dict().items()}
+
+
+def _learner_process(rank: int, port: int, algorithm: str, spaces, results) -> None:
+    from maze_cli.distributed import GroupSpec, LearnerGroup
+
+    torch.set_num_threads(1)
+    group = LearnerGroup(GroupSpec(rank, 2, "127.0.0.1", port, 60.0))
+    try:
+        learner = _learner(algorithm, spaces, group)
+        for batch in _batches(spaces, UPDATES):
+            half = batch.n_envs // 2
+            learner.update(_columns(batch, slice(rank * half, (rank + 1) * half)))
+        results.put((rank, {k: v.numpy() for k, v in _params(learner).items()}))
+    finally:
+        group.close()
+
+
+@pytest.mark.parametrize("algorithm,spaces", [("impala", PENDULUM), ("ppo", CARTPOLE)])
+def test_two_learners_on_half_batches_make_the_update_of_one_learner_on_the_whole_batches(algorithm, spaces):
+    from maze_cli.distributed import main_store
+
+    store = main_store("127.0.0.1", 2, 60.0)
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_learner_process, args=(rank, store.port, algorithm, spaces, results)) for rank in (0, 1)]
+    for p in processes:
+        p.start()
+    try:
+        got = {rank: {k: torch.from_numpy(v) for k, v in params.items()} for rank, params in (results.get(timeout=120) for _ in processes)}
+    finally:
+        for p in processes:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    torch.set_num_threads(1)
+    alone = _learner(algorithm, spaces)
+    for batch in _batches(spaces, UPDATES):
+        alone.update(batch)
+    expected = _params(alone)
+    start = _params(_learner(algorithm, spaces))
+    for name, value in expected.items():
+        assert torch.equal(got[0][name], got[1][name]), f"{name} differs between the learners"
+        torch.testing.assert_close(got[0][name], value, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    assert any(not torch.equal(start[k], expected[k]) for k in expected), "the updates changed nothing"
+
+
+# -- whole runs ----------------------------------------------------------------------------------------
+def _learner_pids(output: str) -> dict[int, int]:
+    import re
+
+    return {int(rank): int(pid) for rank, pid in re.findall(r"learner (\d+) \(pid (\d+)\)", output)}
+
+
+@pytest.mark.parametrize("runner", ["subproc", "sequential"])
+def test_two_learners_solve_cartpole_each_row_counting_both_and_leave_nothing_running(tmp_path, runner):
+    run_dir = tmp_path / "run"
+    result = run_train("+env=cartpole", f"runner={runner}", "learner.num_learners=2", "eval.interval=0", "max_env_steps=2000000",
+                       run_dir=run_dir, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stopped: target_return" in result.stdout + result.stderr
+    rows = read_stats(run_dir)
+    assert rows[-1]["train/return_window_mean"] >= 475
+    # an epoch of 80 iterations, each learner learning from its own 2 rollouts of 16 envs x 32 steps
+    assert rows[0]["env_steps"] == 2 * 80 * 2 * 16 * 32
+    assert set(_learner_pids(result.stdout + result.stderr)) == {1}
+    assert wait_until(lambda: processes_with_env_tag(result.tag) == [], timeout=15)
+
+
+def test_more_learners_than_actors_is_one_line_before_anything_starts(tmp_path):
+    result = run_train("+env=cartpole", "learner.num_learners=3", "runner.n_actors=2", run_dir=tmp_path / "run")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("train: error: learner.num_learners=3")
+    assert "runner.n_actors" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_killed_learner_stops_the_run_in_one_line_with_a_checkpoint_and_resume_goes_on_with_one_learner(tmp_path):
+    from tests.test_runs import start_train, wait_for_epoch
+
+    run_dir = tmp_path / "run"
+    proc, tag = start_train("+env=cartpole", "learner.num_learners=2", "target_return=null", "max_env_steps=100000000",
+                            "eval.interval=0", "epoch_length=20", "checkpoint.interval=1", run_dir=run_dir)
+    wait_for_epoch(proc, run_dir, 2, timeout=120)
+    log = (run_dir / "train.log").read_text()
+    learner_1 = _learner_pids(log)[1]
+    killed = time.monotonic()
+    os.kill(learner_1, signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - killed < 30
+    assert proc.returncode not in (0, None)
+    last = err.strip().splitlines()[-1]
+    assert "learner 1" in last and "SIGKILL" in last and f"resume={run_dir}" in last, err[-3000:]
+    assert "Traceback" not in err
+    assert wait_until(lambda: processes_with_env_tag(tag) == [], timeout=15)
+    assert not pid_alive(learner_1)
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)
+    assert saved["stop_reason"] == "learner_failed"
+    steps = saved["trainer"]["env_steps"]
+    result = run_train(f"resume={run_dir}", "learner.num_learners=1", f"max_env_steps={steps + 40000}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_stats(run_dir)
+    assert [r["epoch"] for r in rows] == list(range(1, len(rows) + 1))
+    assert all(a["env_steps"] < b["env_steps"] for a, b in zip(rows, rows[1:]))
+    assert rows[-1]["env_steps"] >= steps + 40000
