@@ -1,79 +1,96 @@
-"""The README's option tables state the defaults the schemas hold (the schemas are their one source)."""
+"""The docs stay true to the code: the configuration reference is the one the schema generates, the
+README is a front page whose set-up commands are the ones CI runs, and every page a link names exists."""
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
 import re
+import subprocess
+import sys
 
 import pytest
-import yaml
 
-from maze_cli.config import schema
 from tests.cli import REPO
 
-SECTIONS = {
-    "### Top level": schema.TrainConfig,
-    "### `algorithm=impala`": schema.ImpalaConfig,
-    "### `algorithm=ppo`": schema.PpoConfig,
-    "### `algorithm=appo`": schema.AppoConfig,
-    "### `algorithm=sac`": schema.SacConfig,
-    "### `replay_buffer=uniform`": schema.PrioritizedReplayConfig,
-    "### `policy=mlp`": schema.MlpPolicyConfig,
-    "### `policy=cnn`": schema.CnnPolicyConfig,
-    "### `runner=subproc`": schema.SubprocRunnerConfig,
-    "### `runner=ray`": schema.RayRunnerConfig,
-}
+README = REPO / "README.md"
+REFERENCE_SCRIPT = REPO / "scripts" / "config_reference.py"
+README_MAX_BYTES = 15_000
 
 
-def default_of(config: type, dotted: str):
-    value = config()
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value
+def _reference_module():
+    spec = importlib.util.spec_from_file_location("config_reference", REFERENCE_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def documented_defaults() -> list[tuple[str, str, str]]:
-    """(section, key, default as written) for every row of the README's option tables."""
-    rows, section = [], None
-    for line in (REPO / "README.md").read_text().splitlines():
-        if line.startswith("#"):
-            section = next((s for s in SECTIONS if line.startswith(s)), None)
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if section is None or len(cells) < 3 or not cells[0].startswith("`"):
-            continue
-        keys = re.findall(r"`([\w.]+)`", cells[0])
-        written = re.sub(r"\s*\(.*\)$", "", cells[1]).replace(",000", "000")
-        values = [written] if len(keys) == 1 else [v.strip() for v in written.split(",")]
-        rows += [(section, key, value) for key, value in zip(keys, values)]
-    return rows
+def test_the_configuration_reference_is_the_one_the_schema_generates(tmp_path):
+    """`scripts/config_reference.py --check`, run as a script from outside the checkout, as anyone
+    with a fresh clone runs it: docs/reference/config.md must be what it would write."""
+    result = subprocess.run([sys.executable, str(REFERENCE_SCRIPT), "--check"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    if result.returncode == 0:
+        return
+    module = _reference_module()
+    committed = module.PAGE.read_text().splitlines() if module.PAGE.is_file() else []
+    diff = difflib.unified_diff(committed, module.render().splitlines(), "committed", "generated", lineterm="", n=1)
+    pytest.fail(f"{result.stderr.strip()} (exit code {result.returncode})\n" + "\n".join(list(diff)[:80]))
 
 
-ROWS = documented_defaults()
+def _readme_commands() -> list[str]:
+    """The commands of the README's first code block, before any section."""
+    text = README.read_text()
+    block = re.search(r"^```bash\n(.*?)^```", text, re.S | re.M)
+    assert block is not None, "the README starts with no ```bash block of set-up commands"
+    assert "\n## " not in text[:block.start()], "the set-up commands come before the README's first section"
+    return [line.strip() for line in block.group(1).splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
-def test_every_documented_section_has_rows():
-    assert {section for section, _, _ in ROWS} == set(SECTIONS)
+def test_the_readme_is_a_front_page():
+    size = len(README.read_bytes())
+    assert size <= README_MAX_BYTES, f"README.md is {size:,} bytes; move detail into docs/ (at most {README_MAX_BYTES:,})"
 
 
-@pytest.mark.parametrize("section,key,written", ROWS, ids=[f"{s.split('`')[1] if '`' in s else 'top'}:{k}" for s, k, _ in ROWS])
-def test_the_readme_states_the_schema_default(section, key, written):
-    expected = default_of(SECTIONS[section], key)
-    stated = yaml.safe_load(written)
-    if isinstance(expected, float) or isinstance(stated, float):
-        assert float(stated) == pytest.approx(float(expected)), (key, written)
-    else:
-        assert stated == expected, (key, written)
+def test_the_readmes_test_command_is_the_one_ci_runs():
+    commands = _readme_commands()
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines() if "-m pytest" in line]
+    assert len(commands) >= 2 and len(ci) == 1
+    assert commands[1] == ci[0]
 
 
-def test_the_readme_states_every_trackers_defaults_as_its_yaml_file():
-    """The `logger` options have no schema: their YAML files hold the defaults, the README repeats them."""
-    rows = {}
-    for line in (REPO / "README.md").read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 3 and re.fullmatch(r"`logger\.\w+\.\w+`", cells[0]):
-            rows[cells[0].strip("`")] = yaml.safe_load(cells[1])
-    files = {}
-    for path in (REPO / "conf" / "logger").glob("*.yaml"):
-        for name, options in yaml.safe_load(path.read_text()).items():
-            files |= {f"logger.{name}.{key}": value for key, value in options.items() if key != "_target_"}
-    assert rows == files
+def test_the_readmes_first_command_trains_with_no_extras():
+    """A fresh machine trains CartPole after installing the package alone, without the dev extra."""
+    first = _readme_commands()[0]
+    install = re.search(r"pip install (.*?) &&", first)
+    assert install is not None, first
+    assert install.group(1).split()[-1] == ".", f"the first command installs extras: {install.group(1)}"
+    assert first.endswith(".venv/bin/train +env=cartpole runner=subproc"), first
+
+
+def _markdown_links(path) -> list[str]:
+    return [target for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()) if "://" not in target and not target.startswith("#")]
+
+
+def test_the_readmes_links_lead_to_files():
+    missing = [t for t in _markdown_links(README) if not (REPO / t.split("#")[0]).exists()]
+    assert not missing
+
+
+def test_every_docs_page_the_code_names_exists():
+    """Comments and messages point readers at docs pages (`docs/benchmarks.md`): those pages exist."""
+    named = set()
+    for folder in ("maze_cli", "conf", "scripts", "benchmarks", ".ci"):
+        for path in (REPO / folder).rglob("*"):
+            if path.is_file() and path.suffix in (".py", ".yaml", ".md", "") and "__pycache__" not in path.parts:
+                named |= {(m, path.relative_to(REPO)) for m in re.findall(r"\bdocs/[\w./-]+\.md\b", path.read_text(errors="ignore"))}
+    missing = sorted(f"{page} (named in {source})" for page, source in named if not (REPO / page).is_file())
+    assert not missing
+
+
+def test_ci_has_what_the_docs_build_needs():
+    """`.ci/run` builds the docs with the dev extra's packages, so the dev extra holds the docs extra."""
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(extras["docs"]) <= set(extras["dev"])
+    assert "mkdocs build --strict" in (REPO / ".ci" / "run").read_text()
