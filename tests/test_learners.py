@@ -117,10 +117,10 @@ def test_two_learners_on_half_batches_make_the_update_of_one_learner_on_the_whol
 def _learner_pids(output: str) -> dict[int, int]:
     import re
 
-    return {int(rank): int(pid) for rank, pid in re.findall(r"learner (\d+) \(pid (\d+)\)", output)}
+    return {int(rank): int(pid) for rank, pid in re.findall(r"learner (\d+) \(pid (\d+)", output)}
 
 
-@pytest.mark.parametrize("runner", ["subproc", "sequential"])
+@pytest.mark.parametrize("runner", ["subproc", "sequential", "ray"])
 def test_two_learners_solve_cartpole_each_row_counting_both_and_leave_nothing_running(tmp_path, runner):
     run_dir = tmp_path / "run"
     result = run_train("+env=cartpole", f"runner={runner}", "learner.num_learners=2", "eval.interval=0", "max_env_steps=2000000",
@@ -143,11 +143,22 @@ def test_more_learners_than_actors_is_one_line_before_anything_starts(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_a_killed_learner_stops_the_run_in_one_line_with_a_checkpoint_and_resume_goes_on_with_one_learner(tmp_path):
+def test_learners_needing_more_gpus_than_the_ray_cluster_has_is_one_line_before_anything_starts(tmp_path):
+    result = run_train("+env=cartpole", "runner=ray", "runner.n_actors=3", "learner.num_learners=3", "learner.num_gpus_per_learner=1",
+                       run_dir=tmp_path / "run")
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert "learner.num_learners=3" in last and "GPU 2" in last and "learner.num_gpus_per_learner" in last, last
+    assert "Traceback" not in result.stderr
+    assert wait_until(lambda: processes_with_env_tag(result.tag) == [], timeout=15)
+
+
+@pytest.mark.parametrize("runner,why", [("subproc", "SIGKILL"), ("ray", "is gone")])
+def test_a_killed_learner_stops_the_run_in_one_line_with_a_checkpoint_and_resume_goes_on_with_one_learner(tmp_path, runner, why):
     from tests.test_runs import start_train, wait_for_epoch
 
     run_dir = tmp_path / "run"
-    proc, tag = start_train("+env=cartpole", "learner.num_learners=2", "target_return=null", "max_env_steps=100000000",
+    proc, tag = start_train("+env=cartpole", f"runner={runner}", "learner.num_learners=2", "target_return=null", "max_env_steps=100000000",
                             "eval.interval=0", "epoch_length=20", "checkpoint.interval=1", run_dir=run_dir)
     wait_for_epoch(proc, run_dir, 2, timeout=120)
     log = (run_dir / "train.log").read_text()
@@ -158,7 +169,7 @@ def test_a_killed_learner_stops_the_run_in_one_line_with_a_checkpoint_and_resume
     assert time.monotonic() - killed < 30
     assert proc.returncode not in (0, None)
     last = err.strip().splitlines()[-1]
-    assert "learner 1" in last and "SIGKILL" in last and f"resume={run_dir}" in last, err[-3000:]
+    assert "learner 1" in last and why in last and f"resume={run_dir}" in last, err[-3000:]
     assert "Traceback" not in err
     assert wait_until(lambda: processes_with_env_tag(tag) == [], timeout=15)
     assert not pid_alive(learner_1)

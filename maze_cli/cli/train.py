@@ -219,20 +219,47 @@ def _start_other_learners(settings, config: dict, closing: contextlib.ExitStack)
     if options.num_learners == 1:
         return None
     from maze_cli.distributed import LearnerGroup, backend_for
-    from maze_cli.parallel.learners import LearnerProcesses
-    from maze_cli.start_methods import default_start_method
 
     check_learners(settings)
-    peers = closing.enter_context(LearnerProcesses(
-        config, options.num_learners, options.collective_timeout_s, backend_for(settings.train.device),
-        settings.runner.get("start_method") or default_start_method()))
+    backend = backend_for(settings.train.device)
+    if _runs_on_ray(settings):
+        from maze_cli.parallel.learners import RayLearners
+        from maze_cli.parallel.ray_backend import connect
+
+        runner = settings.runner
+        actors_cpus = runner.get("n_actors", 1) * runner.get("num_cpus_per_actor", 1.0)
+        learners_cpus = (options.num_learners - 1) * options.num_cpus_per_learner
+        others = f"{options.num_learners - 1} learner{'s' if options.num_learners > 2 else ''} beside this one"
+        if connect(runner.get("address"), actors_cpus + learners_cpus, f"{others} and {runner.get('n_actors', 1)} actors"):
+            import ray
+
+            closing.callback(ray.shutdown)  # last: after the learners and every actor are gone
+        peers = closing.enter_context(RayLearners(config, options.num_learners, options.collective_timeout_s, backend,
+                                                  options.num_cpus_per_learner, options.num_gpus_per_learner))
+    else:
+        from maze_cli.parallel.learners import LearnerProcesses
+        from maze_cli.start_methods import default_start_method
+
+        peers = closing.enter_context(LearnerProcesses(config, options.num_learners, options.collective_timeout_s, backend,
+                                                       settings.runner.get("start_method") or default_start_method()))
     peers.wait_ready(timeout_s=max(120.0, options.collective_timeout_s))
     group = LearnerGroup(peers.spec, store=peers.store)
     closing.callback(group.close)
     group.explain = peers.failure
-    others = ", ".join(f"learner {rank} (pid {process.pid})" for rank, process in enumerate(peers.processes, start=1))
-    log.info(f"learner.num_learners={options.num_learners}: {others} joined learner 0 (this process)")
+    log.info(f"learner.num_learners={options.num_learners}: {', '.join(peers.describe())} joined learner 0 (this process)")
     return group
+
+
+def _runs_on_ray(settings) -> bool:
+    """Whether the runner's actors are Ray actors (then so are the learners beside learner 0)."""
+    from hydra.utils import get_class
+
+    from maze_cli.parallel.ray_backend import RayDistributedActors
+
+    try:
+        return issubclass(get_class(settings.runner._target_), RayDistributedActors)
+    except Exception:  # noqa: BLE001 - a runner class that cannot be imported fails later with its own message
+        return False
 
 
 def check_learners(settings) -> None:

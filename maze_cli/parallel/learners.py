@@ -38,33 +38,57 @@ class LearnerTask:
     log_level: int = logging.WARNING
 
 
-def run_learner(task: LearnerTask, ready: Callable[[], None]) -> None:
-    """The life of learner `task.group.rank` > 0: build its run, join the group, follow learner 0."""
+@dataclass
+class PreparedLearner:
+    """A learner's settings and env, built before it joins the group (a failure here is reported
+    while learner 0 still waits for it to be ready, not as a broken collective)."""
+
+    task: LearnerTask
+    settings: Any
+    env: tuple[Any, Any, Any]  # env factory, observation space, action space
+
+
+def prepare_learner(task: LearnerTask) -> PreparedLearner:
+    """Learner `task.group.rank` > 0, first part: the run's settings and env from the config."""
     import torch
     from omegaconf import OmegaConf
 
-    from maze_cli.cli.build import build_run, check_env, trusted_targets
+    from maze_cli.cli.build import check_env
     from maze_cli.config.schema import register_configs, validate
-    from maze_cli.distributed import LearnerGroup
     from maze_cli.seeding import derive_seed, seed_everything
-    from maze_cli.training import follow
 
     register_configs()
     settings = validate(OmegaConf.create(task.config), [])
     torch.set_num_threads(settings.train.torch_threads)
-    env_factory, observation_space, action_space = check_env(settings)
+    env = check_env(settings)
     seed_everything(derive_seed(settings.train.seed, f"learner/{task.group.rank}"))
-    ready()
+    return PreparedLearner(task, settings, env)
+
+
+def follow_learner(prepared: PreparedLearner) -> None:
+    """Learner `rank` > 0, second part: join the group, build its run (its share of the actors), take
+    learner 0's state and follow learner 0 until it says stop."""
+    from maze_cli.cli.build import build_run, trusted_targets
+    from maze_cli.distributed import LearnerGroup
+    from maze_cli.training import follow
+
+    task, settings = prepared.task, prepared.settings
     group = LearnerGroup(task.group)
     try:
-        run = build_run(settings, env_factory, observation_space, action_space, trusted_targets(task.config),
-                        settings.train.trust_checkpoint, group)
+        run = build_run(settings, *prepared.env, trusted_targets(task.config), settings.train.trust_checkpoint, group)
         run.learner.load_state_dict(group.broadcast_object())
         with run.runner:
             run.runner.broadcast_updated_policy(run.learner.policy.state_dict())
             follow(run.loop, group)
     finally:
         group.close()
+
+
+def run_learner(task: LearnerTask, ready: Callable[[], None]) -> None:
+    """The life of learner `task.group.rank` > 0 in a process of its own: prepare, say so, follow."""
+    prepared = prepare_learner(task)
+    ready()
+    follow_learner(prepared)
 
 
 def _learner_process(task: LearnerTask, reports) -> None:
@@ -202,8 +226,167 @@ class LearnerProcesses:
         for connection in self.reports:
             connection.close()
 
+    def describe(self) -> list[str]:
+        """Each learner and where it runs, for the log."""
+        return [f"learner {rank} (pid {process.pid})" for rank, process in enumerate(self.processes, start=1)]
+
     def __enter__(self) -> "LearnerProcesses":
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
         self.stop(wait_s=_STOP_GRACE_S if exc_type is None else 0.0)
+
+
+# -- on a Ray cluster ---------------------------------------------------------------------------------
+class RayLearnerBody:
+    """What runs inside the Ray actor of one learner: `prepare` (returns where it runs), then `run`,
+    which lasts as long as the run."""
+
+    def __init__(self, task: LearnerTask):
+        self.task = task
+        self.prepared: PreparedLearner | None = None
+        logging.basicConfig(level=task.log_level, format=f"[learner {task.group.rank}] %(levelname)s %(message)s")
+
+    def prepare(self) -> dict[str, Any]:
+        import ray
+
+        self.prepared = prepare_learner(self.task)
+        return {"pid": os.getpid(), "ip": ray.util.get_node_ip_address()}
+
+    def run(self) -> None:
+        try:
+            follow_learner(self.prepared)
+        except (LearnerFailure, FloatingPointError):
+            pass  # learner 0 is gone, or a non-finite loss that all learners saw: learner 0 tells the user
+
+
+class RayLearners:
+    """Learners 1..N-1 as Ray actors, placed together by a placement group of one bundle each
+    (`learner.num_cpus_per_learner`, `learner.num_gpus_per_learner`), reachable across nodes: they
+    join learner 0's rendezvous store at this node's address. Killing a learner's Ray actor kills the
+    Ray actors it owns (its actors) with it."""
+
+    def __init__(self, config: dict[str, Any], world_size: int, timeout_s: float, backend: str,
+                 num_cpus: float, num_gpus: float, placement_timeout_s: float = 120.0):
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from maze_cli.distributed import main_store
+
+        self.world_size = world_size
+        self.handles: list[Any] = []
+        self.runs: list[Any] = []
+        self.where: list[dict[str, Any]] = []
+        self._remove_group = remove_placement_group
+        bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
+        _check_cluster_holds(ray.cluster_resources(), bundle, world_size)
+        self.group = placement_group([bundle] * (world_size - 1), strategy="PACK")
+        try:
+            ray.get(self.group.ready(), timeout=placement_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(self.group)
+            have = {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
+            raise LearnerFailure(
+                f"learner.num_learners={world_size}: Ray could not place {world_size - 1} learners with "
+                f"{', '.join(f'{k} {v:g}' for k, v in bundle.items())} each within {placement_timeout_s:.0f} s; the "
+                f"cluster has {', '.join(f'{k} {v:g}' for k, v in have.items())} in all. Lower learner.num_learners or "
+                f"learner.num_cpus_per_learner / num_gpus_per_learner, or add nodes") from None
+        host = ray.util.get_node_ip_address()
+        self.store = main_store(host, world_size, timeout_s)
+        self.spec = GroupSpec(0, world_size, host, self.store.port, timeout_s, backend)
+        remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_task_retries=0)(RayLearnerBody)
+        level = logging.getLogger("maze_cli").getEffectiveLevel() if log.isEnabledFor(logging.DEBUG) else logging.WARNING
+        for rank in range(1, world_size):
+            strategy = PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=rank - 1)
+            task = LearnerTask(config, GroupSpec(rank, world_size, host, self.store.port, timeout_s, backend), level)
+            self.handles.append(remote.options(scheduling_strategy=strategy, name=None).remote(task))
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Until every learner has built its env; then each starts following. LearnerFailure naming
+        the first learner that failed while starting."""
+        import ray
+
+        refs = [handle.prepare.remote() for handle in self.handles]
+        try:
+            ready, waiting = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+            if waiting:
+                raise LearnerFailure(f"learners {', '.join(str(refs.index(r) + 1) for r in waiting)} did not start within {timeout_s:.0f} s")
+            for rank, ref in enumerate(refs, start=1):
+                try:
+                    self.where.append(ray.get(ref))
+                except ray.exceptions.RayError as err:
+                    raise LearnerFailure(f"learner {rank} failed while starting: {_ray_reason(err)}") from None
+        except BaseException:
+            self.stop()
+            raise
+        self.runs = [handle.run.remote() for handle in self.handles]
+
+    def describe(self) -> list[str]:
+        return [f"learner {rank} (pid {w['pid']} on {w['ip']})" for rank, w in enumerate(self.where, start=1)]
+
+    def failure(self, err: Exception) -> str:
+        """Why a collective failed: the learner whose Ray actor died or raised (waiting a moment for
+        Ray to tell), else the collective's own error."""
+        import ray
+
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and self.runs:
+            done, _ = ray.wait(self.runs, num_returns=len(self.runs), timeout=0.2)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError as failure:
+                    return f"learner {self.runs.index(ref) + 1} failed: {_ray_reason(failure)}"
+        return f"a collective of the learners failed ({first_line(err)})"
+
+    def stop(self, wait_s: float = 0.0) -> None:
+        """After `wait_s` for learners told to stop (a finished run), kill every learner's Ray actor
+        (and with it the actors it owns), and give the placement group back."""
+        import ray
+
+        if self.runs and wait_s:
+            ray.wait(self.runs, num_returns=len(self.runs), timeout=wait_s)
+        for handle in self.handles:
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.handles, self.runs = [], []
+        try:
+            self._remove_group(self.group)
+        except Exception:  # noqa: BLE001 - Ray already shut down
+            pass
+
+    def __enter__(self) -> "RayLearners":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.stop(wait_s=_STOP_GRACE_S if exc_type is None else 0.0)
+
+
+def _check_cluster_holds(total: dict[str, float], bundle: dict[str, float], world_size: int) -> None:
+    """One line before anything starts where the whole cluster lacks what the learners need."""
+    from maze_cli.errors import ConfigError
+
+    n = world_size - 1
+    short = {k: v * n for k, v in bundle.items() if v and total.get(k, 0.0) < v * n}
+    if short:
+        key = "num_gpus_per_learner" if "GPU" in short else "num_cpus_per_learner"
+        have = ", ".join(f"{k} {total.get(k, 0.0):g}" for k in bundle)
+        raise ConfigError(f"learner.num_learners={world_size}: the {n} learner{'s' if n > 1 else ''} beside this one need "
+                          f"{', '.join(f'{k} {v:g}' for k, v in short.items())} in all and the Ray cluster has {have}; "
+                          f"lower learner.num_learners or learner.{key}, or add nodes")
+
+
+def _ray_reason(err: Exception) -> str:
+    """A learner's error from Ray's, short: the learner's own message where it raised one (a
+    MazeCliError is the user's to read), else how its actor process died."""
+    from maze_cli.parallel.ray_backend import _died_reason
+
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, MazeCliError):
+        return str(cause)
+    if cause is not None:
+        return f"{type(cause).__name__}: {first_line(cause)}"
+    return _died_reason(err)

@@ -138,11 +138,8 @@ class RayDistributedActors(DistributedActors):
     # -- lifecycle -----------------------------------------------------------------------------
     def _start_actors(self) -> None:
         ray = import_ray()
-        if not ray.is_initialized():
-            # "local" always starts a fresh Ray here, never an accidental join of some running cluster.
-            ray.init(address=self.address or "local", include_dashboard=False, logging_level=logging.WARNING,
-                     configure_logging=False, **self._local_resources())
-            self._connected = True
+        self._connected = connect(self.address, self.n_actors * self.actor_options["num_cpus"], f"{self.n_actors} actors x "
+                                  f"runner.num_cpus_per_actor={self.actor_options['num_cpus']:g}")
         try:
             self._remote = ray.remote(**self.actor_options)(RayActorBody)
             # Put once: every (re)started actor gets the same objects without pickling them again.
@@ -158,19 +155,6 @@ class RayDistributedActors(DistributedActors):
         else:
             for i in range(self.n_actors):
                 self._request_all(i)
-
-    def _local_resources(self) -> dict[str, Any]:
-        """For a Ray started here: enough CPUs for every actor. Ray counts CPUs to place actors,
-        it does not pin them; like runner=subproc, more actors than cores share the cores rather
-        than wait forever for a core that never frees."""
-        if self.address is not None:
-            return {}
-        cores = os.cpu_count() or 1
-        needed = math.ceil(self.n_actors * self.actor_options["num_cpus"])
-        if needed > cores:
-            log.info(f"local Ray with {needed} CPUs for {self.n_actors} actors x runner.num_cpus_per_actor="
-                     f"{self.actor_options['num_cpus']:g} on {cores} cores: actors share the cores")
-        return {"num_cpus": max(cores, needed)}
 
     def _new_actor(self, index: int):
         env_seed, agent_seed = self.restart_seeds(index)
@@ -339,6 +323,28 @@ class RayDistributedActors(DistributedActors):
 
 def _indices(indices: list[int]) -> str:
     return ", ".join(map(str, indices))
+
+
+def connect(address: str | None, cpus_needed: float, needed_by: str) -> bool:
+    """Start or join Ray unless this process already is part of it (a learner's Ray actor, or a
+    `train` that connected for its learners); whether this call connected (and so must shut down).
+
+    address None starts a fresh Ray here ("local"), never an accidental join of a running cluster,
+    with enough CPUs for `cpus_needed`: Ray counts CPUs to place actors, it does not pin them; like
+    runner=subproc, more actors than cores share the cores rather than wait forever for a core."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    resources: dict[str, Any] = {}
+    if address is None:
+        cores = os.cpu_count() or 1
+        needed = math.ceil(cpus_needed)
+        if needed > cores:
+            log.info(f"local Ray with {needed} CPUs for {needed_by} on {cores} cores: they share the cores")
+        resources["num_cpus"] = max(cores, needed)
+    ray.init(address=address or "local", include_dashboard=False, logging_level=logging.WARNING, configure_logging=False,
+             **resources)
+    return True
 
 
 def _kill(ray, handle) -> None:
