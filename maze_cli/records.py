@@ -17,9 +17,8 @@ autoreset mode spent it resetting an env that ended at t-1 (action ignored, rewa
 `episode_start[t]` (`[T+1, B]`, like the observations) marks `observations[t]` as the first of an
 episode: where a recurrent policy's state was reset. `initial_state` is the policy's state before step 0 (batch first, `[B, ...]` per
 tensor; empty for feed-forward policies), so the learner unrolls the core exactly as the actor did.
-`behaviour_value[t]` is V(observations[t]) under the acting policy, recorded only for algorithms
-that ask for it (None otherwise). `env_id[b]` names the env column b came from (actor index x envs
-per actor + the env's index in its actor), so a learner can follow one env across rollouts.
+`env_id[b]` names the env column b came from (actor index x envs per actor + the env's index in its
+actor), so a learner can follow one env across rollouts.
 
 Fresh records are filled with poison (NaN for floats, the smallest integer for ints), so a field an
 actor forgot to write shows up at once instead of passing as zeros.
@@ -50,7 +49,6 @@ class RolloutSpec:
     n_steps: int
     n_envs: int
     state: tuple[TensorSpec, ...] = ()  # the policy's recurrent state, per env
-    record_values: bool = False  # keep behaviour_value
 
     def allocate(self, shared: bool = False, n_slots: int | None = None) -> "Rollout":
         """A zeroed record; in shared memory when `shared`, so that another process can fill it.
@@ -65,7 +63,6 @@ class RolloutSpec:
             return tensor.share_memory_() if shared else tensor
 
         t, b = self.n_steps, self.n_envs
-        value = TensorSpec((), torch.float32)
         return Rollout(
             observations={k: empty((t + 1, b), s) for k, s in self.observations.items()},
             actions=empty((t, b), self.action),
@@ -78,7 +75,6 @@ class RolloutSpec:
             policy_version=empty((b,), TensorSpec((), torch.int64)),
             episode_start=empty((t + 1, b), TensorSpec((), torch.bool)),
             initial_state=tuple(empty((b,), spec) for spec in self.state),
-            behaviour_value=empty((t, b), value) if self.record_values else None,
             env_id=empty((b,), TensorSpec((), torch.int64)),
         )
 
@@ -107,7 +103,6 @@ class Rollout:
     policy_version: torch.Tensor
     episode_start: torch.Tensor | None = None
     initial_state: tuple[torch.Tensor, ...] = ()
-    behaviour_value: torch.Tensor | None = None
     env_id: torch.Tensor | None = None
 
     # Fields whose batch dimension comes first (the others are time-major: [T, B, ...]).
@@ -145,19 +140,6 @@ class Rollout:
 
     def to(self, device: str | torch.device) -> "Rollout":
         return self.map(lambda t: t.to(device, non_blocking=True))
-
-    def copy_(self, other: "Rollout") -> None:
-        """Copy `other` into this record in place (same shapes)."""
-        for f in fields(self):
-            mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if isinstance(mine, dict):
-                for k in mine:
-                    mine[k].copy_(theirs[k])
-            elif isinstance(mine, tuple):
-                for m, t in zip(mine, theirs):
-                    m.copy_(t)
-            elif mine is not None:
-                mine.copy_(theirs)
 
     @staticmethod
     def cat(rollouts: list["Rollout"]) -> "Rollout":

@@ -147,16 +147,8 @@ class Actor:
         self.episode_start.copy_(out.episode_start[n_steps])
         self.state = state
         t_record += time.perf_counter() - t2
-        if out.behaviour_value is not None:
-            self._record_values(out)
         info.timings = {"actor_env_step_s": t_env, "actor_inference_s": t_inference, "actor_record_s": t_record}
         return info
-
-    def _record_values(self, out: Rollout) -> None:
-        """V(s_t) under the acting policy for the whole rollout, in one pass (algorithms that need
-        the behaviour policy's values ask for them in the rollout spec)."""
-        observations = {key: value[: self.n_steps] for key, value in out.observations.items()}
-        out.behaviour_value.copy_(self.policy.value(observations, out.initial_state, out.episode_start[: self.n_steps]))
 
     def _count_episodes(self, rewards: np.ndarray, ended: np.ndarray, real: np.ndarray, info: RolloutInfo) -> None:
         """Add a rollout's steps `[T, B]` to the running episodes (autoreset steps are no part of one);
