@@ -182,3 +182,32 @@ def test_a_killed_learner_stops_the_run_in_one_line_with_a_checkpoint_and_resume
     assert [r["epoch"] for r in rows] == list(range(1, len(rows) + 1))
     assert all(a["env_steps"] < b["env_steps"] for a, b in zip(rows, rows[1:]))
     assert rows[-1]["env_steps"] >= steps + 40000
+
+
+@pytest.mark.parametrize("algorithm,env", [("ppo", "cartpole"), ("appo", "cartpole"), ("sac", "pendulum")])
+def test_every_algorithm_trains_with_two_learners_each_row_counting_both(tmp_path, algorithm, env):
+    run_dir = tmp_path / "run"
+    result = run_train(f"+env={env}", f"algorithm={algorithm}", "runner=sequential", "learner.num_learners=2", "epoch_length=4",
+                       "max_env_steps=6000", "target_return=null", "eval.interval=2", "eval.episodes=1", run_dir=run_dir, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_stats(run_dir)
+    assert rows[-1]["env_steps"] >= 6000 and rows[-1]["learner/updates"] > 0
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)
+    assert saved["trainer"]["env_steps"] == rows[-1]["env_steps"]
+    assert wait_until(lambda: processes_with_env_tag(result.tag) == [], timeout=15)
+
+
+def test_sigterm_stops_every_learner_with_143_and_a_checkpoint(tmp_path):
+    from tests.test_runs import start_train, wait_for_epoch
+
+    run_dir = tmp_path / "run"
+    proc, tag = start_train("+env=cartpole", "learner.num_learners=2", "target_return=null", "max_env_steps=100000000",
+                            "eval.interval=0", "epoch_length=20", run_dir=run_dir)
+    wait_for_epoch(proc, run_dir, 1, timeout=120)
+    learner_1 = _learner_pids((run_dir / "train.log").read_text())[1]
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 143 and time.monotonic() - start < 20
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["stop_reason"] == "interrupted"
+    assert wait_until(lambda: processes_with_env_tag(tag) == [] and not pid_alive(learner_1), timeout=15)
