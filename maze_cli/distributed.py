@@ -18,6 +18,7 @@ that hangs is given up after `learner.collective_timeout_s`. Either way a `Learn
 from __future__ import annotations
 
 import datetime
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -67,6 +68,8 @@ class LearnerGroup:
             store = dist.TCPStore(spec.host, spec.port, spec.world_size, is_master=False, timeout=timeout)
         self.explain: Callable[[Exception], str] = self._default_explanation
         self._device = torch.device("cpu")
+        if spec.rank > 0:
+            _start_heartbeat(spec)
         try:
             dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout)
         except Exception as err:  # noqa: BLE001 - a learner missing at the rendezvous
@@ -180,6 +183,38 @@ class LearnerGroup:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+_HEARTBEAT = "maze_cli/heartbeat/"  # store keys: a count each learner beside learner 0 raises every second
+_HEARTBEAT_S = 1.0
+
+
+def _start_heartbeat(spec: GroupSpec) -> None:
+    """Raise this learner's count in learner 0's store every second, from a thread with a connection
+    of its own: a learner stopped (SIGSTOP) or frozen stops counting, one merely waiting in a
+    collective goes on. The thread ends with the process, or when learner 0's store is gone."""
+    import threading
+
+    import torch.distributed as dist
+
+    def beat() -> None:
+        try:
+            store = dist.TCPStore(spec.host, spec.port, is_master=False, timeout=datetime.timedelta(seconds=spec.timeout_s))
+            while True:
+                store.add(f"{_HEARTBEAT}{spec.rank}", 1)
+                time.sleep(_HEARTBEAT_S)
+        except Exception:  # noqa: BLE001 - learner 0 is gone: nothing left to tell
+            return
+
+    threading.Thread(target=beat, daemon=True, name="learner-heartbeat").start()
+
+
+def silent_learners(store: Any, world_size: int, watch_s: float = 3 * _HEARTBEAT_S) -> list[int]:
+    """The learners beside learner 0 whose heartbeat did not move in `watch_s`: alive, but not answering."""
+    before = [store.add(f"{_HEARTBEAT}{rank}", 0) for rank in range(1, world_size)]
+    time.sleep(watch_s)
+    after = [store.add(f"{_HEARTBEAT}{rank}", 0) for rank in range(1, world_size)]
+    return [rank for rank, (a, b) in enumerate(zip(before, after), start=1) if a == b]
 
 
 def main_store(host: str, world_size: int, timeout_s: float):

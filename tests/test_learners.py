@@ -211,3 +211,22 @@ def test_sigterm_stops_every_learner_with_143_and_a_checkpoint(tmp_path):
     assert proc.returncode == 143 and time.monotonic() - start < 20
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["stop_reason"] == "interrupted"
     assert wait_until(lambda: processes_with_env_tag(tag) == [] and not pid_alive(learner_1), timeout=15)
+
+
+def test_a_learner_that_stops_answering_is_named_after_the_collective_timeout(tmp_path):
+    from tests.test_runs import start_train, wait_for_epoch
+
+    run_dir = tmp_path / "run"
+    proc, tag = start_train("+env=cartpole", "learner.num_learners=2", "target_return=null", "max_env_steps=100000000",
+                            "eval.interval=0", "epoch_length=20", "learner.collective_timeout_s=5", run_dir=run_dir)
+    wait_for_epoch(proc, run_dir, 1, timeout=120)
+    learner_1 = _learner_pids((run_dir / "train.log").read_text())[1]
+    os.kill(learner_1, signal.SIGSTOP)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.kill(learner_1, signal.SIGCONT) if pid_alive(learner_1) else None
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode not in (0, None)
+    assert "learner 1 stopped answering" in last and "collective_timeout_s" in last and f"resume={run_dir}" in last, err[-3000:]
+    assert wait_until(lambda: processes_with_env_tag(tag) == [], timeout=20)

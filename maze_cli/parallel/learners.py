@@ -206,7 +206,7 @@ class LearnerProcesses:
                 if rank in self.errors or not self.processes[rank - 1].is_alive():
                     return f"learner {rank} failed: {self._reason(rank)}"
             time.sleep(0.05)
-        return f"a collective of the learners failed ({first_line(err)})"
+        return _silent_learners(self.store, self.world_size, err)
 
     def stop(self, wait_s: float = 0.0) -> None:
         """Stop every learner: after `wait_s` for those that were told to stop (a finished run),
@@ -338,7 +338,7 @@ class RayLearners:
                     ray.get(ref)
                 except ray.exceptions.RayError as failure:
                     return f"learner {self.runs.index(ref) + 1} failed: {_ray_reason(failure)}"
-        return f"a collective of the learners failed ({first_line(err)})"
+        return _silent_learners(self.store, self.world_size, err)
 
     def stop(self, wait_s: float = 0.0) -> None:
         """After `wait_s` for learners told to stop (a finished run), kill every learner's Ray actor
@@ -363,6 +363,23 @@ class RayLearners:
 
     def __exit__(self, exc_type, *exc) -> None:
         self.stop(wait_s=_STOP_GRACE_S if exc_type is None else 0.0)
+
+
+def _silent_learners(store: Any, world_size: int, err: Exception) -> str:
+    """Why a collective failed when no learner died or raised: the learners that stopped answering
+    (their heartbeat stood still), else the collective's own error."""
+    from maze_cli.distributed import silent_learners
+
+    try:
+        silent = silent_learners(store, world_size)
+    except RuntimeError:
+        silent = []
+    if silent:
+        names = ", ".join(f"learner {rank}" for rank in silent)
+        return (f"{names} stopped answering (alive, but {'its' if len(silent) == 1 else 'their'} heartbeat stood still) and "
+                f"{'was' if len(silent) == 1 else 'were'} given up after learner.collective_timeout_s; a stopped (SIGSTOP) "
+                f"or swapping process is the usual cause")
+    return f"a collective of the learners failed ({first_line(err)})"
 
 
 def _check_cluster_holds(total: dict[str, float], bundle: dict[str, float], world_size: int) -> None:
