@@ -14,9 +14,8 @@ import gymnasium as gym
 import numpy as np
 
 from maze_cli.config.schema import CORE_INPUTS
+from maze_cli.envs.spaces import OBS_KEY
 from maze_cli.errors import ConfigError
-
-OBS_KEY = "obs"  # the env's own observation, where it is not a Dict
 
 
 def check_core_inputs(inputs: Sequence[str]) -> tuple[str, ...]:

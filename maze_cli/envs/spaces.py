@@ -15,7 +15,7 @@ import torch
 from maze_cli.errors import ConfigError
 from maze_cli.records import TensorSpec
 
-OBS_KEY = "obs"
+OBS_KEY = "obs"  # the key of an observation that is not a Dict (the env's own, under core inputs too)
 
 
 class UnsupportedSpaceError(ConfigError):
