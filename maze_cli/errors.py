@@ -6,6 +6,8 @@ command-line entry points recognise them by type and exit with the error's `exit
 
 from __future__ import annotations
 
+RAY_MISSING = "runner=ray needs Ray, an optional extra: pip install 'maze_cli[ray]' (or pip install ray)"
+
 
 def first_line(message: object) -> str:
     """The first non-blank line of an error or message, stripped ("" if there is none): what a

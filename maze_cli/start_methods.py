@@ -8,10 +8,21 @@ import sys
 # What the forkserver imports once, so each actor forks with torch and the actor loop loaded.
 _FORKSERVER_PRELOAD = ["__main__", "torch", "gymnasium", "maze_cli.parallel.subproc"]
 
+START_METHODS = ("forkserver", "spawn", "fork")  # what runner.start_method may name; a platform has some of them
+
 
 def default_start_method() -> str:
     """forkserver where the platform has it (fast, safe with threads), else spawn."""
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
+def check_start_method(start_method: str | None) -> str:
+    """The method actor processes start with: `start_method`, or the default for None; a ValueError
+    naming the platform's methods when it lacks this one."""
+    method = start_method or default_start_method()
+    if method not in mp.get_all_start_methods():
+        raise ValueError(f"start_method={method}: not available here; use one of {', '.join(mp.get_all_start_methods())}")
+    return method
 
 
 def warm_up_start_method(start_method: str | None) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
-import multiprocessing as mp
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -23,7 +22,8 @@ from typing import Any, Dict, List, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
 
-from maze_cli.errors import ConfigError, first_line
+from maze_cli.errors import RAY_MISSING, ConfigError, first_line
+from maze_cli.start_methods import START_METHODS, check_start_method
 
 
 CORE_INPUTS = ("obs", "prev_action", "prev_reward")
@@ -287,7 +287,7 @@ class SubprocRunnerConfig(SequentialRunnerConfig):
     # the pool holds this x batch_size + n_actors rollout slots, all that may be collected ahead of the learner:
     # it bounds policy lag
     queue_out_of_sync_factor: float = _f(1.0, gt=0)
-    start_method: Optional[str] = _f(None, choices=("forkserver", "spawn", "fork"))  # null: forkserver where available
+    start_method: Optional[str] = _f(None, choices=START_METHODS)  # null: forkserver where available
 
 
 @dataclass
@@ -534,11 +534,13 @@ def _check_runner(runner: DictConfig) -> None:
         if seeds is not None and n_actors is not None and len(seeds) != n_actors:
             raise ConfigError(f"runner.{key} has {len(seeds)} seeds: give one per actor (runner.n_actors={n_actors})")
     if "ray_backend" in runner._target_ and importlib.util.find_spec("ray") is None:
-        raise ConfigError("runner=ray needs Ray, an optional extra: pip install 'maze_cli[ray]' (or pip install ray)")
+        raise ConfigError(RAY_MISSING)
     _check_resources(runner.get("resources"))
-    start_method = runner.get("start_method")
-    if start_method is not None and start_method not in mp.get_all_start_methods():
-        raise ConfigError(f"runner.start_method={start_method}: not available here; use one of {', '.join(mp.get_all_start_methods())}")
+    if runner.get("start_method") is not None:
+        try:
+            check_start_method(runner.start_method)
+        except ValueError as err:
+            raise ConfigError(f"runner.{err}") from None
 
 
 def _check_resources(resources: Any) -> None:

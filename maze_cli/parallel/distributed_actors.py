@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import abc
 import copy
+import inspect
 import logging
 import time
-from typing import Callable
+from typing import Callable, TypeVar
 
 import gymnasium as gym
 import torch
@@ -250,3 +251,21 @@ class DistributedActors(abc.ABC):
         if level is not LogStatsLevel.EPOCH:
             raise ValueError("only epoch-level statistics are kept")
         return self.epoch_stats.get(event, name or "mean")
+
+
+_Init = TypeVar("_Init", bound=Callable[..., None])
+
+
+def takes_actor_options(init: _Init) -> _Init:
+    """For a backend's `__init__(self, <DistributedActors' first five>, <its own options>, **options)`
+    that passes `options` on to DistributedActors: its signature becomes its own parameters followed
+    by DistributedActors' other options (keyword-only), those it redefines left out. So each shared
+    option is written once, in DistributedActors.__init__, while a config check (`inspect.signature`)
+    and help() still see every key the backend takes, and a misspelt key is still refused by name."""
+    own = inspect.signature(init)
+    parameters = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    names = {p.name for p in parameters}
+    shared = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+              for name, p in inspect.signature(DistributedActors.__init__).parameters.items() if name not in names]
+    init.__signature__ = own.replace(parameters=parameters + shared)
+    return init

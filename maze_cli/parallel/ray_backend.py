@@ -24,14 +24,14 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from maze_cli.errors import MazeCliError
+from maze_cli.errors import RAY_MISSING, MazeCliError
 from maze_cli.parallel.actor_loop import Actor
-from maze_cli.parallel.distributed_actors import DistributedActors
+from maze_cli.parallel.distributed_actors import DistributedActors, takes_actor_options
+from maze_cli.parallel.requests import OpenRequests
 from maze_cli.records import Rollout, RolloutInfo
 
 log = logging.getLogger("maze_cli")
 
-RAY_MISSING = "runner=ray needs Ray, an optional extra: pip install 'maze_cli[ray]' (or pip install ray)"
 _POLL_S = 1.0
 _PLACEMENT_LOG_S = 10.0  # while actors wait for resources, say so this often
 _START_S = 60.0  # how long actors the cluster has room for may take to start, whatever runner.rollout_timeout_s says
@@ -91,12 +91,12 @@ class RayDistributedActors(DistributedActors):
     :param max_restarts: failed actors restarted per run (a fresh Ray actor, derived seeds, its
         rollouts in flight dropped); one more failure ends the run.
     :param max_in_flight_per_actor: rollouts requested ahead from each actor.
-    :param rollout_timeout_s: see DistributedActors; also how long actors may wait to be placed.
-    :param max_policy_lag, on_policy: see DistributedActors. On-policy, the learner requests
-        `batch_size` rollouts after each broadcast (spread over the actors, each request carrying
-        that version's weights) and none in between.
+    :param options: DistributedActors' (`rollout_timeout_s` is also how long actors may wait to be
+        placed). On-policy, the learner requests `batch_size` rollouts after each broadcast (spread
+        over the actors, each request carrying that version's weights) and none in between.
     """
 
+    @takes_actor_options
     def __init__(
         self,
         env_factory: Callable[[], gym.Env],
@@ -110,18 +110,9 @@ class RayDistributedActors(DistributedActors):
         resources: dict[str, float] | None = None,
         max_restarts: int = 3,
         max_in_flight_per_actor: int = 2,
-        actor_env_seeds: list[int] | None = None,
-        actor_agent_seeds: list[int] | None = None,
-        envs_per_actor: int = 1,
-        initial_policy: nn.Module | None = None,
-        rollout_timeout_s: float | None = None,
-        max_policy_lag: int | None = None,
-        on_policy: bool = False,
+        **options: Any,
     ):
-        super().__init__(
-            env_factory, policy, n_rollout_steps, n_actors, batch_size, envs_per_actor, actor_env_seeds, actor_agent_seeds,
-            initial_policy, max_restarts, rollout_timeout_s, max_policy_lag, on_policy,
-        )
+        super().__init__(env_factory, policy, n_rollout_steps, n_actors, batch_size, max_restarts=max_restarts, **options)
         self.address = address
         # Ray itself never restarts or retries: a failure is ours to count and to recover from.
         self.actor_options = {
@@ -131,7 +122,7 @@ class RayDistributedActors(DistributedActors):
         self.max_in_flight = max_in_flight_per_actor
         self.handles: list = []
         self.pending: dict = {}  # rollout ref -> actor index
-        self._requested: dict = {}  # rollout ref -> (policy version, monotonic time) of the request
+        self._open = OpenRequests(n_actors)  # the same refs, per actor, with the version and time of the request
         self.placements: list[dict[str, Any]] = []
         self._connected = False
 
@@ -167,7 +158,7 @@ class RayDistributedActors(DistributedActors):
         ray = import_ray()
         for handle in self.handles:
             _kill(ray, handle)
-        self.handles, self.pending, self._requested = [], {}, {}
+        self.handles, self.pending, self._open = [], {}, OpenRequests(self.n_actors)
         if self._connected:
             ray.shutdown()
             self._connected = False
@@ -233,29 +224,26 @@ class RayDistributedActors(DistributedActors):
     def _request(self, index: int) -> None:
         ref = self.handles[index].collect.remote(self._weights)
         self.pending[ref] = index
-        self._requested[ref] = (self.policy_version, time.monotonic())
+        self._open.add(index, ref, self.policy_version)
 
     def _request_all(self, index: int) -> None:
         if self.on_policy:
             return  # requests are made per batch (_request_batch)
-        for _ in range(self.max_in_flight - sum(1 for i in self.pending.values() if i == index)):
+        for _ in range(self.max_in_flight - self._open.count(index)):
             self._request(index)
 
     def _request_batch(self, received: int) -> None:
         """On-policy: request what this version's batch still lacks (`received` rollouts are in),
         each from the actor with the fewest requests open."""
-        current = sum(1 for ref in self.pending if self._requested[ref][0] == self.policy_version)
-        for _ in range(self.batch_size - received - current):
-            load = [0] * self.n_actors
-            for i in self.pending.values():
-                load[i] += 1
-            self._request(min(range(self.n_actors), key=lambda i: (load[i], (i - self.policy_version) % self.n_actors)))
+        for _ in range(self._open.lacking(self.batch_size, received, self.policy_version)):
+            self._request(self._open.least_busy(self.policy_version))
 
     def _owes_rollout_since(self, index: int) -> float | None:
+        """Off-policy, every actor always has requests open (the base rule); on-policy, see
+        OpenRequests.owed_since."""
         if not self.on_policy:
             return super()._owes_rollout_since(index)
-        asked = [self._requested[ref][1] for ref, i in self.pending.items() if i == index]
-        return max(min(asked), self.last_seen[index]) if asked else None
+        return self._open.owed_since(index, self.last_seen[index])
 
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
         ray = import_ray()
@@ -282,7 +270,7 @@ class RayDistributedActors(DistributedActors):
                 self._check_silent()
                 continue
             index = self.pending.pop(ready[0])
-            self._requested.pop(ready[0])
+            self._open.close(index, ready[0])
             received = self._receive(ray, ready[0], index)
             if received is None:
                 continue
@@ -315,8 +303,8 @@ class RayDistributedActors(DistributedActors):
         """Kill actor `index` (it may be hung, not dead), forget its rollouts in flight, start a fresh one."""
         ray = import_ray()
         _kill(ray, self.handles[index])
-        self.pending = {ref: i for ref, i in self.pending.items() if i != index}
-        self._requested = {ref: self._requested[ref] for ref in self.pending}
+        for ref in self._open.drop(index):
+            del self.pending[ref]
         self.handles[index] = self._new_actor(index)
         self._request_all(index)
 

@@ -18,7 +18,7 @@ import multiprocessing as mp
 import multiprocessing.connection
 import time
 import traceback
-from typing import Callable
+from typing import Any, Callable
 
 import gymnasium as gym
 import torch
@@ -26,10 +26,11 @@ import torch.multiprocessing  # noqa: F401  (registers torch's shared-memory pic
 from torch import nn
 
 from maze_cli.parallel.actor_loop import Actor
-from maze_cli.parallel.distributed_actors import DistributedActors
+from maze_cli.parallel.distributed_actors import DistributedActors, takes_actor_options
+from maze_cli.parallel.requests import OpenRequests
 from maze_cli.parallel.shared_weights import SharedWeights
 from maze_cli.records import Rollout, RolloutSpec
-from maze_cli.start_methods import default_start_method, warm_up_start_method
+from maze_cli.start_methods import check_start_method, warm_up_start_method
 
 log = logging.getLogger("maze_cli")
 _POLL_S = 0.2
@@ -123,10 +124,10 @@ class SubprocDistributedActors(DistributedActors):
         broadcast it hands out `batch_size` of them, so an actor waits for the next broadcast once
         its requests are done, and a restarted actor's requests go to the others.
     :param start_method: one of `multiprocessing.get_all_start_methods()`; forkserver by default.
-    :param max_restarts: see DistributedActors; a failed actor's slots come back to the pool.
-    :param rollout_timeout_s: see DistributedActors.
+    :param options: DistributedActors' (`max_restarts`: a failed actor's slots come back to the pool).
     """
 
+    @takes_actor_options
     def __init__(
         self,
         env_factory: Callable[[], gym.Env],
@@ -136,26 +137,12 @@ class SubprocDistributedActors(DistributedActors):
         batch_size: int,
         queue_out_of_sync_factor: float = 1.0,
         start_method: str | None = None,
-        actor_env_seeds: list[int] | None = None,
-        actor_agent_seeds: list[int] | None = None,
-        envs_per_actor: int = 1,
-        initial_policy: nn.Module | None = None,
-        max_restarts: int = 0,
-        rollout_timeout_s: float | None = None,
-        max_policy_lag: int | None = None,
-        on_policy: bool = False,
+        **options: Any,
     ):
-        super().__init__(
-            env_factory, policy, n_rollout_steps, n_actors, batch_size, envs_per_actor, actor_env_seeds, actor_agent_seeds,
-            initial_policy, max_restarts, rollout_timeout_s, max_policy_lag, on_policy,
-        )
+        super().__init__(env_factory, policy, n_rollout_steps, n_actors, batch_size, **options)
         if queue_out_of_sync_factor <= 0:
             raise ValueError("queue_out_of_sync_factor must be positive")
-        self.start_method = start_method or default_start_method()
-        if self.start_method not in mp.get_all_start_methods():
-            raise ValueError(
-                f"start_method '{self.start_method}' is not available here; use one of {', '.join(mp.get_all_start_methods())}"
-            )
+        self.start_method = check_start_method(start_method)
         self.queue_size = max(1, round(queue_out_of_sync_factor * batch_size))
         self.processes: list[mp.Process] = []
         self._stopped = True
@@ -175,7 +162,7 @@ class SubprocDistributedActors(DistributedActors):
         self._request_readers: list = [None] * self.n_actors
         self._inboxes: list = [None] * self.n_actors
         self._idle_slots = list(range(n_slots))
-        self._open: list[dict[int, tuple[int, float]]] = [{} for _ in range(self.n_actors)]
+        self._open = OpenRequests(self.n_actors)
         self._received: collections.deque = collections.deque()
         self.weights = SharedWeights(self.policy)
         self.stop_event = self._ctx.Event()
@@ -213,15 +200,11 @@ class SubprocDistributedActors(DistributedActors):
     def _hand_out(self, received: int) -> None:
         """Give slots to the actors, each to the one with the fewest open requests: on-policy, what
         this version's batch still lacks (`received` rollouts are in); else every free slot."""
-        if self.on_policy:
-            current = sum(1 for open_ in self._open for version, _ in open_.values() if version == self.policy_version)
-            wanted = self.batch_size - received - current
-        else:
-            wanted = len(self._idle_slots)
+        wanted = self._open.lacking(self.batch_size, received, self.policy_version) if self.on_policy else len(self._idle_slots)
         for _ in range(min(wanted, len(self._idle_slots))):
-            index = min(range(self.n_actors), key=lambda i: (len(self._open[i]), (i - self.policy_version) % self.n_actors))
+            index = self._open.least_busy(self.policy_version)
             slot = self._idle_slots.pop()
-            self._open[index][slot] = (self.policy_version, time.monotonic())
+            self._open.add(index, slot, self.policy_version)
             self._requests[index].send(slot)
 
     def _restart_actor(self, index: int) -> None:
@@ -231,8 +214,7 @@ class SubprocDistributedActors(DistributedActors):
             old.kill()
         old.join(timeout=_JOIN_TIMEOUT_S)
         self._close_channels(index)
-        self._idle_slots += list(self._open[index])
-        self._open[index] = {}
+        self._idle_slots += self._open.drop(index)
         self._spawn(index)
         if not self.on_policy:  # on-policy, _next_message re-requests what the batch still lacks
             self._hand_out(0)
@@ -319,7 +301,7 @@ class SubprocDistributedActors(DistributedActors):
             slot, info, generation = payload
             if generation != self.actor_restarts[info.actor_index]:
                 continue  # sent by a replaced process: its slots were taken back, maybe handed out again
-            self._open[info.actor_index].pop(slot)
+            self._open.close(info.actor_index, slot)
             if self._record_rollout(info):
                 taken.append(slot)
             else:
@@ -332,10 +314,9 @@ class SubprocDistributedActors(DistributedActors):
         return batch, float(queue_before), float(len(self._received)), dequeue_time
 
     def _owes_rollout_since(self, index: int) -> float | None:
-        """An actor owes a rollout while it holds a requested slot: since it got the oldest one, or
-        its last delivery if that is later. Without open slots it waits on the learner, on purpose."""
-        asked = [when for _, when in self._open[index].values()]
-        return max(min(asked), self.last_seen[index]) if asked else None
+        """An actor owes a rollout while it holds a requested slot (without one it waits on the
+        learner, on purpose): see OpenRequests.owed_since."""
+        return self._open.owed_since(index, self.last_seen[index])
 
     def _release(self, slot: int) -> None:
         """A slot the learner is done with: back to the pool; off-policy, handed out again at once
