@@ -79,90 +79,81 @@ def run_train(cfg: DictConfig) -> dict:
     settings = validate(cfg, _env_options())
     resumed_from = None  # last.pt of the run to resume, read once
     if settings.train.resume:
-        from maze_cli.checkpoint import load_checkpoint
-
-        run_dir = Path(settings.train.resume)
-        resumed_from = load_checkpoint(run_dir / "checkpoints" / "last.pt", settings.train.trust_checkpoint, where=f"resume={run_dir}")
-        finished = _finished(resumed_from, run_dir, settings.train)
+        resumed_from = _read_last_checkpoint(settings.train)
+        finished = _finished(resumed_from, Path(settings.train.resume), settings.train)
         if finished is not None:
             print(finished)  # not logged: train.log stays as it was
             return {"stop_reason": "finished", "env_steps": None, "time_s": 0.0}
+    _warm_up_actor_processes(settings)
+    env_factory, observation_space, action_space = _prepare_this_process(settings)
+    from maze_cli.cli.build import trusted_targets  # (torch is loaded by now)
+
+    config = OmegaConf.to_container(cfg, resolve=True)
+    trusted = trusted_targets(config)
+    with contextlib.ExitStack() as closing:  # the other learners, stopped however this function ends
+        group = _start_other_learners(settings, config, closing)
+        return _train(cfg, settings, config, env_factory, observation_space, action_space, trusted, resumed_from, group, started)
+
+
+def _read_last_checkpoint(t) -> dict:
+    """`resume=`: the run's last.pt, read once, before anything starts: whether the run is finished
+    is judged on it, and the trainer restores it."""
+    from maze_cli.checkpoint import load_checkpoint
+
+    run_dir = Path(t.resume)
+    return load_checkpoint(run_dir / "checkpoints" / "last.pt", t.trust_checkpoint, where=f"resume={run_dir}")
+
+
+def _warm_up_actor_processes(settings) -> None:
+    """For a runner with a `start_method`, start the actors' forkserver now, before torch is imported
+    here: it loads torch on another core meanwhile, so the first actor starts without that wait."""
     if "start_method" in settings.runner:
-        # Before torch is imported here: the forkserver loads it on the other core meanwhile.
         from maze_cli.start_methods import warm_up_start_method
 
         warm_up_start_method(settings.runner.start_method)
 
+
+def _prepare_this_process(settings):
+    """The checks that need torch (device, learner options, the env built once and checked), then
+    this process's torch threads, SIGTERM handling and learner seed, so that everything that can fail
+    on the user's input fails before an actor or learner starts. Returns the env factory and the
+    env's observation and action spaces."""
     import torch
 
-    from maze_cli.cli.build import check_device, check_env, trusted_targets
+    from maze_cli.cli.build import check_device, check_env
     from maze_cli.learner import check_options
     from maze_cli.seeding import derive_seed, seed_everything
 
-    check_device(settings.train.device)
-    check_options(settings.train.learner.precision, settings.train.learner.compile, settings.train.device)
-    signal.signal(signal.SIGTERM, _raise_terminated)
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
     t = settings.train
+    check_device(t.device)
+    check_options(t.learner.precision, t.learner.compile, t.device)
+    signal.signal(signal.SIGTERM, _raise_terminated)
     torch.set_num_threads(t.torch_threads)
     env_factory, observation_space, action_space = check_env(settings)
     _warn_images_with_mlp(settings, observation_space)
-    config = OmegaConf.to_container(cfg, resolve=True)
-
     seed_everything(derive_seed(t.seed, "learner"))
-    trusted = trusted_targets(config)
-    closing = contextlib.ExitStack()  # the other learners, stopped however this function ends
-    with closing:
-        group = _start_other_learners(settings, config, closing)
-        return _train(cfg, settings, config, env_factory, observation_space, action_space, trusted, resumed_from, group, started)
+    return env_factory, observation_space, action_space
 
 
 def _train(cfg, settings, config, env_factory, observation_space, action_space, trusted, resumed_from, group, started) -> dict:
     """Build learner 0's run (the only one, or the one that evaluates and writes), train, write the results."""
     from maze_cli.checkpoint import Checkpointer
     from maze_cli.cli.build import build_run, build_trackers
-    from maze_cli.distributed import LearnerFailure
     from maze_cli.envs.spaces import describe_space
-    from maze_cli.evaluation import Evaluator
-    from maze_cli.seeding import derive_seeds
-    from maze_cli.stats.plots import start_learning_curve, write_learning_curve
     from maze_cli.stats.writers import ConsoleTable, JsonlWriter, TensorBoardWriter
-    from maze_cli.training import Budget, NonFiniteLoss, Trainer
 
     t = settings.train
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     run = build_run(settings, env_factory, observation_space, action_space, trusted, t.trust_checkpoint, group)
-    warm_started = bool(t.init_from.path) and not t.resume  # a resumed run has its own weights
-    if warm_started:
-        from maze_cli.warm_start import warm_start
-
-        start = warm_start(run.learner, t.init_from.path, t.init_from.optimizer, t.init_from.normalizer, trusted, t.trust_checkpoint)
-        best = (start.get("trainer") or {}).get("best_eval")
-        log.info(f"init_from={t.init_from.path}: the policy starts from the checkpoint's weights"
-                 f"{'' if best is None else f' (its best eval return: {best:.1f})'}")
+    warm_started = _warm_start(run.learner, t, trusted)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    evaluator = Evaluator(env_factory, t.eval.episodes, derive_seeds(t.seed, "eval_env", t.eval.episodes), t.device)
-    budget = Budget(t.max_env_steps, t.max_time_s, t.target_return, t.target_window, run.epoch_length)
     jsonl, tensorboard = JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")
     files = [ConsoleTable(), jsonl, tensorboard]
-    videos = _eval_videos(settings, run_dir, tensorboard)
-
-    def evaluate() -> dict:
-        stats = evaluator(run.learner.policy)
-        if videos is not None:
-            videos(run.learner.policy, trainer.epoch, trainer.env_steps)
-        return stats
-
-    trainer = Trainer(run.loop, budget, files, evaluate=evaluate, eval_interval=t.eval.interval, evaluate_first=warm_started,
-                      group=group)
+    trainer = _trainer(settings, run, env_factory, files, _eval_videos(settings, run_dir, tensorboard), warm_started, group)
     checkpointer = Checkpointer(run_dir / "checkpoints", run, trainer, config, t.checkpoint.interval, t.checkpoint.replay_buffer)
     trainer.on_epoch_end = checkpointer.on_epoch_end
     if t.resume:
-        checkpointer.restore(resumed_from)
-        dropped = jsonl.rewind(trainer.epoch, trainer.env_steps)
-        tensorboard.rewind(trainer.epoch, trainer.env_steps)
-        log.info(f"resumed {run_dir} at epoch {trainer.epoch}, {trainer.env_steps:,} env steps"
-                 + (f" (its last checkpoint; the {dropped} epoch rows written after it are trained again)" if dropped else ""))
+        _restore(checkpointer, resumed_from, trainer, jsonl, tensorboard, run_dir)
     if group is not None:  # every learner starts from learner 0's state: weights, optimizer, statistics
         group.broadcast_object(run.learner.state_dict())
     log.info(f"run dir: {run_dir}")
@@ -175,10 +166,75 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
     )
     trackers = build_trackers(settings.logger, run_dir, config)  # last: a failure before it leaves no tracker run open
     trainer.writers += trackers
+    broadcast_first = bool(t.resume or group is not None)  # (several learners: so that their policy versions agree)
+    result = _run_to_the_end(run, trainer, checkpointer, files, trackers, run_dir, broadcast_first)
+    checkpointer.save_last(result.stop_reason)
+    log.info(_summary_line(result, trainer.time_offset + result.time_s, trainer.best_eval, run_dir / "checkpoints",
+                           time.perf_counter() - started))
+    return {"stop_reason": result.stop_reason, "env_steps": result.env_steps, "time_s": result.time_s}
+
+
+def _warm_start(learner, t, trusted) -> bool:
+    """`init_from=`: the policy (and, if asked, its optimizer and normalizer state) from another run's
+    checkpoint. Whether it happened: the trainer then evaluates before training, so the first row
+    shows where the run starts from. A resumed run keeps its own weights."""
+    if not t.init_from.path or t.resume:
+        return False
+    from maze_cli.warm_start import warm_start
+
+    start = warm_start(learner, t.init_from.path, t.init_from.optimizer, t.init_from.normalizer, trusted, t.trust_checkpoint)
+    best = (start.get("trainer") or {}).get("best_eval")
+    log.info(f"init_from={t.init_from.path}: the policy starts from the checkpoint's weights"
+             f"{'' if best is None else f' (its best eval return: {best:.1f})'}")
+    return True
+
+
+def _trainer(settings, run, env_factory, files: list, videos, warm_started: bool, group):
+    """The Trainer: the run's loop under its budget, writing each epoch's row to `files`, evaluating
+    the policy on the eval seeds every `eval.interval` epochs (recording `videos` when on)."""
+    from maze_cli.evaluation import Evaluator
+    from maze_cli.seeding import derive_seeds
+    from maze_cli.training import Budget, Trainer
+
+    t = settings.train
+    evaluator = Evaluator(env_factory, t.eval.episodes, derive_seeds(t.seed, "eval_env", t.eval.episodes), t.device)
+    budget = Budget(t.max_env_steps, t.max_time_s, t.target_return, t.target_window, run.epoch_length)
+
+    def evaluate() -> dict:
+        stats = evaluator(run.learner.policy)
+        if videos is not None:
+            videos(run.learner.policy, trainer.epoch, trainer.env_steps)
+        return stats
+
+    trainer = Trainer(run.loop, budget, files, evaluate=evaluate, eval_interval=t.eval.interval, evaluate_first=warm_started,
+                      group=group)
+    return trainer
+
+
+def _restore(checkpointer, saved: dict, trainer, jsonl, tensorboard, run_dir: Path) -> None:
+    """`resume=`: the learner, trainer and counters from last.pt (`saved`); the rows stats.jsonl and
+    TensorBoard got after it are rolled back, as those epochs are trained again."""
+    checkpointer.restore(saved)
+    dropped = jsonl.rewind(trainer.epoch, trainer.env_steps)
+    tensorboard.rewind(trainer.epoch, trainer.env_steps)
+    log.info(f"resumed {run_dir} at epoch {trainer.epoch}, {trainer.env_steps:,} env steps"
+             + (f" (its last checkpoint; the {dropped} epoch rows written after it are trained again)" if dropped else ""))
+
+
+def _run_to_the_end(run, trainer, checkpointer, files: list, trackers: list, run_dir: Path, broadcast_first: bool):
+    """Train with the actors running (`broadcast_first`: publish the learner's weights before the
+    first collect), and leave the run dir complete however training ends: a diverged loss reported
+    with the last good checkpoint, last.pt written on Ctrl-C or a failed learner, every file closed,
+    the learning curve drawn (while the actors stop, when training ended normally), trackers closed
+    last, since one may upload the curve. Returns the Trainer's result."""
+    from maze_cli.distributed import LearnerFailure
+    from maze_cli.stats.plots import start_learning_curve, write_learning_curve
+    from maze_cli.training import NonFiniteLoss
+
     curve = None
     try:
         with run.runner:
-            if t.resume or group is not None:  # (with several learners: so that every learner's policy version agrees)
+            if broadcast_first:
                 run.runner.broadcast_updated_policy(run.learner.policy.state_dict())
             result = trainer.run()
             curve = start_learning_curve(run_dir)  # every row is written: drawn while the actors stop
@@ -206,10 +262,7 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
             curve.join()
         for tracker in trackers:  # after the curve: a tracker may upload it
             tracker.close()
-    checkpointer.save_last(result.stop_reason)
-    log.info(_summary_line(result, trainer.time_offset + result.time_s, trainer.best_eval, run_dir / "checkpoints",
-                           time.perf_counter() - started))
-    return {"stop_reason": result.stop_reason, "env_steps": result.env_steps, "time_s": result.time_s}
+    return result
 
 
 def _start_other_learners(settings, config: dict, closing: contextlib.ExitStack):
