@@ -2,7 +2,7 @@
 
     python benchmarks/bench.py                  # everything below, ~10 min on 2 cores
     python benchmarks/bench.py --sb3            # plus Stable-Baselines3 baselines (pip install 'maze_cli[bench]')
-    python benchmarks/bench.py --sb3 --out benchmarks/RESULTS.md --readme README.md   # what the README shows
+    python benchmarks/bench.py --sb3 --out benchmarks/RESULTS.md   # the result file docs/benchmarks.md shows
     python benchmarks/bench.py --seconds 10 --no-ray --out /tmp/bench.md
 
 1. The raw limit: random-action `env.step` of CartPole-v1 in one process, in one process per core,
@@ -126,27 +126,6 @@ def fmt_solve(wall: float, solved: bool) -> str:
     return f"{wall:.1f}" if solved else f"{wall:.1f} (not solved)"
 
 
-README_BEGIN, README_END = "<!-- benchmark:begin -->", "<!-- benchmark:end -->"
-
-
-def readme_page(readme: Path) -> str:
-    """The README's text; checked before the benchmark starts, not after twenty minutes of it."""
-    page = readme.read_text()
-    if README_BEGIN not in page or README_END not in page:
-        raise SystemExit(f"{readme}: no {README_BEGIN} ... {README_END} block to put the table into")
-    return page
-
-
-def put_into_readme(readme: Path, text: str) -> None:
-    """Replace what lies between the README's benchmark markers, headings one level deeper, so the
-    README always shows the latest table without anyone copying it by hand."""
-    page = readme_page(readme)
-    head, rest = page.split(README_BEGIN, 1)
-    _, tail = rest.split(README_END, 1)
-    deeper = "\n".join("#" + line if line.startswith("##") else line for line in text.splitlines())
-    readme.write_text(f"{head}{README_BEGIN}\n{deeper}\n{README_END}{tail}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20, help="length of each throughput run")
@@ -155,10 +134,7 @@ def main() -> None:
     parser.add_argument("--no-ray", action="store_true", help="skip runner=ray")
     parser.add_argument("--sb3", action="store_true", help="also time Stable-Baselines3 PPO and SAC on the same tasks")
     parser.add_argument("--out", type=Path, help="also write the Markdown here")
-    parser.add_argument("--readme", type=Path, help=f"also put it into this README, between {README_BEGIN} and {README_END}")
     args = parser.parse_args()
-    if args.readme:
-        readme_page(args.readme)
     runners = ["sequential", "subproc"] + ([] if args.no_ray else ["ray"])
     out = [f"## maze_cli benchmark, {datetime.date.today()}", "", f"{machine_line()}", ""]
 
@@ -213,8 +189,6 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.write_text(text)
-    if args.readme:
-        put_into_readme(args.readme, text)
 
 
 if __name__ == "__main__":

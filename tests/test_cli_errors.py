@@ -96,7 +96,7 @@ def test_train_help_is_written_for_people_and_names_every_option():
     result = subprocess.run([str(TRAIN), "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     page = result.stdout
-    for needle in ("+env=", "resume=", "init_from=", "rollout", "Examples:", "README"):
+    for needle in ("+env=", "resume=", "init_from=", "rollout", "Examples:", "docs/reference/config.md"):
         assert needle in page, needle
     for group in ("env", "algorithm", "policy", "runner", "replay_buffer", "logger"):
         line = next(line for line in page.splitlines() if line.strip().startswith((f"{group}=", f"+{group}=")))

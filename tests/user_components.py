@@ -13,7 +13,7 @@ from maze_cli.algorithms.impala import Impala
 
 
 class ResidualMlp(nn.Module):
-    """A policy network as the README shows it: a plain torch module with an `out_dim`, whose
+    """A policy network as docs/components.md shows it: a plain torch module with an `out_dim`, whose
     forward maps the observation dict to features."""
 
     def __init__(self, observation_space: gym.Space, width: int = 32):

@@ -18,7 +18,7 @@ def _unknown_key(full_key: str, argv: list[str]) -> str:
     if section == "env" and not any(a.startswith("+env=") or a.startswith("env=") for a in argv):
         return "no env chosen: add +env=<name> before setting env keys (e.g. +env=cartpole)"
     if not key:
-        return f"{full_key}: unknown key{suggest(full_key, known_keys(None)) or '; see the README for the keys of train'}"
+        return f"{full_key}: unknown key{suggest(full_key, known_keys(None)) or '; see docs/reference/config.md for the keys of train'}"
     from maze_cli.envs.factory import ID_KEYS  # imports torch: only when needed
 
     candidates = list(ID_KEYS) if section == "env" else known_keys(section)

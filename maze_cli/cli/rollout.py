@@ -51,7 +51,7 @@ Examples:
   rollout checkpoint=outputs/2026-11-24/10-00-00/checkpoints/best.pt episodes=1 video=true
 
 Prints: N episodes: return <mean> +- <std> (min, max), episode length <mean>. Bad keys end in one
-line and exit code 2. More in the README's rollout section."""
+line and exit code 2. More in docs/runs.md (its rollout section)."""
 
 
 def _parse(argv: list[str]) -> RolloutConfig:
