@@ -273,9 +273,10 @@ def _start_other_learners(settings, config: dict, closing: contextlib.ExitStack)
         return None
     from maze_cli.distributed import LearnerGroup, backend_for
 
-    check_learners(settings)
+    on_ray = _runs_on_ray(settings)
+    check_learners(settings, on_ray)
     backend = backend_for(settings.train.device)
-    if _runs_on_ray(settings):
+    if on_ray:
         from maze_cli.parallel.learners import RayLearners
         from maze_cli.parallel.ray_backend import connect
 
@@ -315,17 +316,26 @@ def _runs_on_ray(settings) -> bool:
         return False
 
 
-def check_learners(settings) -> None:
+def check_learners(settings, on_ray: bool = False) -> None:
     """`learner.num_learners` fits the run and the machine: each learner needs an actor of its own,
-    and on CUDA a GPU of its own. One line naming the key, before anything starts."""
+    and on CUDA a GPU of its own: one of this machine's, or with Ray learners one Ray gives it (the
+    cluster's GPUs are checked when they are placed). One line naming the key, before anything starts."""
     import torch
 
-    n = settings.train.learner.num_learners
+    options = settings.train.learner
+    n = options.num_learners
     n_actors = settings.runner.get("n_actors")
     if n_actors is not None and n_actors < n:
         raise ConfigError(f"learner.num_learners={n}: each learner needs actors of its own, and runner.n_actors={n_actors}; "
                           f"set runner.n_actors to {n} or more (they are shared out among the learners)")
-    if torch.device(settings.train.device).type == "cuda" and torch.cuda.device_count() < n:
+    if torch.device(settings.train.device).type != "cuda":
+        return
+    if on_ray:
+        if options.num_gpus_per_learner <= 0:
+            raise ConfigError(f"learner.num_learners={n} with device={settings.train.device} and runner=ray: each learner's Ray "
+                              f"actor needs a GPU; set learner.num_gpus_per_learner=1")
+        return
+    if torch.cuda.device_count() < n:
         raise ConfigError(f"learner.num_learners={n} with device={settings.train.device}: each learner needs a GPU of its own "
                           f"and this machine has {torch.cuda.device_count()}; use learner.num_learners={torch.cuda.device_count()}")
 

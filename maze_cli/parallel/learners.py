@@ -386,8 +386,10 @@ def _check_cluster_holds(total: dict[str, float], bundle: dict[str, float], worl
     """One line before anything starts where the whole cluster lacks what the learners need."""
     from maze_cli.errors import ConfigError
 
+    from maze_cli.parallel.ray_backend import shortfall
+
     n = world_size - 1
-    short = {k: v * n for k, v in bundle.items() if v and total.get(k, 0.0) < v * n}
+    short = shortfall(total, bundle, n)
     if short:
         key = "num_gpus_per_learner" if "GPU" in short else "num_cpus_per_learner"
         have = ", ".join(f"{k} {total.get(k, 0.0):g}" for k in bundle)

@@ -203,10 +203,8 @@ class RayDistributedActors(DistributedActors):
         """Whether the cluster's resources, in all, hold `n` actors' needs: if so, actors not placed yet
         are most likely still starting (a process importing torch on a busy machine), and are given
         up to `_START_S` before the run ends."""
-        total = ray.cluster_resources()
         o = self.actor_options
-        needs = {"CPU": o["num_cpus"], "GPU": o["num_gpus"], **o["resources"]}
-        return all(total.get(k, 0.0) >= v * n for k, v in needs.items() if v)
+        return not shortfall(ray.cluster_resources(), {"CPU": o["num_cpus"], "GPU": o["num_gpus"], **o["resources"]}, n)
 
     def _needs(self) -> str:
         o = self.actor_options
@@ -311,6 +309,12 @@ class RayDistributedActors(DistributedActors):
 
 def _indices(indices: list[int]) -> str:
     return ", ".join(map(str, indices))
+
+
+def shortfall(total: dict[str, float], needs: dict[str, float], n: int) -> dict[str, float]:
+    """What `n` of something needing `needs` each would take in all, for each resource the cluster's
+    `total` has less of (empty: the cluster holds them all)."""
+    return {k: v * n for k, v in needs.items() if v and total.get(k, 0.0) < v * n}
 
 
 def connect(address: str | None, cpus_needed: float, needed_by: str) -> bool:
