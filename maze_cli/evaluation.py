@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from maze_cli.envs.info_stats import EpisodeInfoStats, epoch_means, raise_error
 from maze_cli.envs.spaces import ObservationWriter, action_to_env, observation_specs
 
 
@@ -33,11 +34,12 @@ def eval_mode(policy: nn.Module) -> Iterator[nn.Module]:
 def run_episodes(
     env_factory: Callable[[], gym.Env], policy: nn.Module, seeds: list[int], deterministic: bool = True,
     device: str | torch.device = "cpu", on_frame: Callable[[int, gym.Env], None] | None = None,
+    episode_info: EpisodeInfoStats | None = None,
 ) -> tuple[list[float], list[int]]:
     """One episode per seed, all envs stepped together with one batched forward pass per step.
 
     Returns each episode's return and length. `on_frame(i, env)` is called after each step of
-    episode i (for rendering).
+    episode i (for rendering). `episode_info` (one column per seed) follows the env statistics.
     """
     envs = [env_factory() for _ in seeds]
     try:
@@ -56,8 +58,10 @@ def run_episodes(
                 actions, _, state = policy.act({k: v.to(device) for k, v in obs.items()}, state, starts, deterministic=deterministic)
             starts = no_starts
             actions = actions.cpu().numpy()
+            infos, ended = {}, np.zeros(len(envs), dtype=bool)
             for i in np.flatnonzero(running):
-                o, r, terminated, truncated, _ = envs[i].step(action_to_env(envs[i].action_space, actions[i]))
+                o, r, terminated, truncated, infos[i] = envs[i].step(action_to_env(envs[i].action_space, actions[i]))
+                ended[i] = terminated or truncated
                 returns[i] += r
                 lengths[i] += 1
                 writer.write_one(o, i, obs)
@@ -65,6 +69,8 @@ def run_episodes(
                     on_frame(i, envs[i])
                 if terminated or truncated:
                     running[i] = False
+            if episode_info is not None:
+                episode_info.observe(infos, ended)
         return returns.tolist(), lengths.tolist()
     finally:
         for env in envs:
@@ -78,13 +84,17 @@ class Evaluator:
         self.env_factory = env_factory
         self.seeds = seeds[:episodes]
         self.device = device
+        self.info_stats = dict(getattr(env_factory, "info_stats", None) or {})
 
     def __call__(self, policy: nn.Module) -> dict[str, float]:
+        episode_info = EpisodeInfoStats(self.info_stats, len(self.seeds))
         with eval_mode(policy):
-            returns, lengths = run_episodes(self.env_factory, policy, self.seeds, device=self.device)
+            returns, lengths = run_episodes(self.env_factory, policy, self.seeds, device=self.device, episode_info=episode_info)
+        raise_error(episode_info.error)
         mean = sum(returns) / len(returns)
         return {
             "eval/return_mean": mean,
             "eval/return_std": math.sqrt(sum((r - mean) ** 2 for r in returns) / len(returns)),
             "eval/episode_length_mean": sum(lengths) / len(lengths),
+            **epoch_means(episode_info.take(), "eval"),
         }

@@ -177,6 +177,9 @@ class RolloutInfo:
     env_steps: int
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
+    # env statistics of the episodes that ended: event (`env/<key>`, `is_success`) -> one value per episode
+    episode_info: dict[str, list[float]] = field(default_factory=dict)
+    info_error: str | None = None  # a followed info key held a non-numeric value: the learner stops the run with it
     timings: dict[str, float] = field(default_factory=dict)
 
 

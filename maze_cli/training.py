@@ -17,6 +17,8 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from maze_cli.distributed import CONTINUE, EPOCH_END, STOP, LearnerGroup
+from maze_cli.envs.info_stats import epoch_means, event_name
+from maze_cli.errors import ConfigError
 from maze_cli.stats.aggregator import EpochStatsAggregator
 from maze_cli.stats.writers import StatsWriter
 
@@ -78,8 +80,12 @@ class Trainer:
         on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
         evaluate_first: bool = False,
         group: LearnerGroup | None = None,
+        info_keys: Sequence[str] = (),
+        callbacks: Any = None,
     ):
         self.loop = loop
+        self.info_keys = list(info_keys)  # env.info_stats: warned about once if the first episodes report none
+        self.callbacks = callbacks  # maze_cli.callbacks.Callbacks: called with each epoch's row before it is written
         self.group = group  # with several learners: this is learner 0, the one that decides and writes
         self.budget = budget
         self.writers = list(writers)
@@ -186,6 +192,7 @@ class Trainer:
             stats = close_epoch()
             if self.evaluate is not None and (self.epoch % self.eval_interval == 0 or reason is not None):
                 reason = self._evaluate_into(stats, reason)
+            reason = self._call_callbacks(stats, reason)
             if self.group is not None:
                 self.group.decide(STOP if reason else CONTINUE)
         except KeyboardInterrupt:
@@ -198,6 +205,18 @@ class Trainer:
         if self.on_epoch_end is not None:
             self.on_epoch_end(stats)
         return reason
+
+    def _call_callbacks(self, stats: dict[str, Any], reason: str | None) -> str | None:
+        """The callbacks' `on_epoch_end` (keys they add go into the row); a callback that asks to stop
+        becomes the stop reason. One that raises still gets the row written before the run stops."""
+        if not self.callbacks:
+            return reason
+        try:
+            stop = self.callbacks.epoch_end(self.epoch, stats)
+        except Exception:
+            self._write(stats)
+            raise
+        return reason or (f"callback {stop}" if stop else None)
 
     def _write(self, stats: dict[str, Any]) -> None:
         for writer in self.writers:
@@ -222,6 +241,8 @@ class Trainer:
         start = time.perf_counter()
         try:
             stats.update(self.evaluate())
+        except ConfigError:  # bad input (a non-numeric env statistic): the run stops with its one line
+            raise
         except Exception as err:  # noqa: BLE001 - any env error
             log.warning(f"evaluation in epoch {self.epoch} failed ({type(err).__name__}: {err}); skipped, training goes on")
             log.debug("evaluation failure", exc_info=True)
@@ -253,6 +274,18 @@ class Trainer:
                 stats.extend(event, values)
             self.window.extend(share.get("episode_return", []))
 
+    def _warn_unreported(self, actor: EpochStatsAggregator) -> None:
+        """At the first epoch with ended episodes: one warning for each `env.info_stats` key none of
+        them reported (a misspelt key, or one the env puts in no step's info)."""
+        if not self.info_keys or not actor.values("episode_return"):
+            return
+        missing = [k for k in self.info_keys if not actor.values(event_name(k))]
+        n = len(actor.values("episode_return"))
+        for key in missing:
+            log.warning(f"env.info_stats.{key}: none of the first {n} episodes reported info['{key}']; "
+                        f"check the key's spelling against the env's info (env/{key} stays out of the stats)")
+        self.info_keys = []
+
     def _epoch_stats(self, elapsed: float, epoch_s: float, steps_before: int) -> dict[str, Any]:
         actor, learner = self.loop.actor_stats, self.loop.learner_stats
         stats: dict[str, Any] = {
@@ -273,6 +306,8 @@ class Trainer:
             "dropped_rollouts": actor.get("dropped_rollouts", "sum"),
             "actor_idle_frac": actor.get("actor_idle_frac", "mean"),
         }
+        stats |= epoch_means({event: actor.values(event) for event in actor.events()})
+        self._warn_unreported(actor)
         for event in learner.events():
             stats[event] = learner.get(event, "sum" if event.startswith("time/") else "mean")
         stats["time/epoch_s"] = epoch_s

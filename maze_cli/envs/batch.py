@@ -2,21 +2,23 @@
 else a list of single envs stepped in a loop.
 
 Both give the actor the same thing per step: next observations (batched), rewards, terminated,
-truncated, the final observations of truncated episodes (to bootstrap from), and which columns
-were an *autoreset step*. A vectorized env in gymnasium's "next step" autoreset mode spends the
+truncated, the final observations of truncated episodes (to bootstrap from), the infos that may
+hold keys the env statistics follow (`maze_cli.envs.info_stats`), and which columns were an
+*autoreset step*. A vectorized env in gymnasium's "next step" autoreset mode spends the
 step after an episode's end on resetting: the action is ignored, the reward is 0, and the returned
 observation is the new episode's first. Such a step is no transition; learners mask it out.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
 import torch
 
+from maze_cli.envs.info_stats import SUCCESS_KEY, vector_infos
 from maze_cli.envs.spaces import ObservationWriter, actions_to_env
 from maze_cli.seeding import derive_seed, derive_seeds
 
@@ -31,13 +33,18 @@ class BatchStep:
     truncated: np.ndarray  # [n] bool, never together with terminated
     final_observations: dict[int, Any]  # env -> last observation of its truncated episode
     autoreset: np.ndarray  # [n] bool: this step only reset the env (no transition)
+    # env -> its info, for the envs whose info may hold a followed key (an ended episode's is its last step's)
+    infos: dict[int, Any] = field(default_factory=dict)
 
 
 class EnvList:
-    """`n` single envs stepped one after another; a finished env is reset within the same step."""
+    """`n` single envs stepped one after another; a finished env is reset within the same step.
+    `info_keys`: the info keys the env statistics follow at every step (`is_success` is looked up at
+    an episode's end in any case)."""
 
-    def __init__(self, env_factory: Callable[[], gym.Env], n_envs: int):
+    def __init__(self, env_factory: Callable[[], gym.Env], n_envs: int, info_keys: tuple[str, ...] = ()):
         self.envs = [env_factory() for _ in range(n_envs)]
+        self.follow_every_step = bool(info_keys)
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space
         self.writer = ObservationWriter(self.observation_space)
@@ -52,16 +59,19 @@ class EnvList:
         terminated = np.zeros(n, dtype=bool)
         truncated = np.zeros(n, dtype=bool)
         final: dict[int, Any] = {}
+        infos: dict[int, Any] = {}
         next_obs = []
         for i, (env, action) in enumerate(zip(self.envs, actions_to_env(self.action_space, actions))):
-            obs, reward, term, trunc, _ = env.step(action)
+            obs, reward, term, trunc, info = env.step(action)
             rewards[i], terminated[i], truncated[i] = reward, term, trunc and not term
+            if info and (self.follow_every_step or term or trunc):
+                infos[i] = info
             if term or trunc:
                 if truncated[i]:
                     final[i] = obs
                 obs, _ = env.reset()
             next_obs.append(obs)
-        return BatchStep(next_obs, rewards, terminated, truncated, final, self._no_autoreset)
+        return BatchStep(next_obs, rewards, terminated, truncated, final, self._no_autoreset, infos)
 
     def write(self, observations: list[Any], out: dict[str, torch.Tensor | np.ndarray]) -> None:
         self.writer.write(observations, out)
@@ -75,7 +85,7 @@ class VectorEnvBatch:
     """gymnasium's vectorized implementation of an env (its `vector_entry_point`): one call steps
     all envs. Supports the "next step" and "same step" autoreset modes."""
 
-    def __init__(self, vector_env: gym.vector.VectorEnv):
+    def __init__(self, vector_env: gym.vector.VectorEnv, info_keys: tuple[str, ...] = ()):
         from gymnasium.vector import AutoresetMode
 
         self.env = vector_env
@@ -89,6 +99,7 @@ class VectorEnvBatch:
         self.next_step_autoreset = mode == AutoresetMode.NEXT_STEP
         self._ended = np.zeros(self.n_envs, dtype=bool)
         self._no_autoreset = np.zeros(self.n_envs, dtype=bool)
+        self.info_keys = tuple(dict.fromkeys((*info_keys, SUCCESS_KEY)))
 
     def reset(self, seed: int) -> Any:
         self._ended = np.zeros(self.n_envs, dtype=bool)
@@ -109,7 +120,8 @@ class VectorEnvBatch:
         else:
             autoreset = self._no_autoreset
             final = {int(i): _row(info["final_obs"], i) for i in np.flatnonzero(truncated)} if any_truncated else {}
-        return BatchStep(obs, np.asarray(rewards, dtype=np.float32), terminated, truncated, final, autoreset)
+        infos = vector_infos(info, self.info_keys, terminated | truncated, not self.next_step_autoreset) if info else {}
+        return BatchStep(obs, np.asarray(rewards, dtype=np.float32), terminated, truncated, final, autoreset, infos)
 
     def write(self, observations: Any, out: dict[str, torch.Tensor | np.ndarray]) -> None:
         self.writer.write_batch(observations, out)
@@ -135,8 +147,8 @@ def _vector_actions(space: gym.Space, actions: np.ndarray, n: int) -> np.ndarray
     return np.clip(actions.reshape(n, *space.shape), space.low, space.high).astype(space.dtype)
 
 
-def make_env_batch(env_factory: Callable[[], gym.Env], n_envs: int) -> EnvList | VectorEnvBatch:
+def make_env_batch(env_factory: Callable[[], gym.Env], n_envs: int, info_keys: tuple[str, ...] = ()) -> EnvList | VectorEnvBatch:
     """The fastest batch this env allows: its vectorized implementation if the factory offers one."""
     make_vector = getattr(env_factory, "vector_env", None)
     vector_env = make_vector(n_envs) if make_vector is not None else None
-    return VectorEnvBatch(vector_env) if vector_env is not None else EnvList(env_factory, n_envs)
+    return VectorEnvBatch(vector_env, info_keys) if vector_env is not None else EnvList(env_factory, n_envs, info_keys)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from maze_cli.envs.batch import make_env_batch
+from maze_cli.envs.info_stats import EpisodeInfoStats
 from maze_cli.envs.spaces import observation_specs
 from maze_cli.records import Rollout, RolloutInfo
 
@@ -51,7 +52,9 @@ class Actor:
         self.n_steps = n_steps
         self.env_seed = env_seed
         self.agent_seed = agent_seed
-        self.envs = make_env_batch(env_factory, n_envs)
+        info_stats = dict(getattr(env_factory, "info_stats", None) or {})  # env statistics: `env.info_stats`
+        self.envs = make_env_batch(env_factory, n_envs, tuple(info_stats))
+        self.episode_info = EpisodeInfoStats(info_stats, n_envs)
         self.reward_clip = getattr(env_factory, "reward_clip", None)  # the learner's rewards; stats keep the env's
         self.policy = copy.deepcopy(policy).requires_grad_(False)
         self.initial_policy = initial_policy
@@ -112,7 +115,7 @@ class Actor:
         for value in out.final_observations.values():
             value.zero_()
         policy = self.initial_policy if self.initial_policy is not None and self.policy_version == 0 else self.policy
-        envs, state = self.envs, self.state
+        envs, state, episode_info = self.envs, self.state, self.episode_info
         for t in range(n_steps):
             t0 = time.perf_counter()
             action, logp, state = policy.act({key: rows[t] for key, rows in obs_rows.items()}, state, start_rows[t])
@@ -131,6 +134,8 @@ class Actor:
             else:
                 np.logical_or(step.terminated, step.truncated, out=episode_start[t + 1])
                 episode_start[t + 1] |= step.autoreset
+            if step.infos or episode_info.holds_values:
+                episode_info.observe(step.infos, terminated[t] | truncated[t], step.autoreset)
             for i, final_obs in step.final_observations.items():
                 envs.writer.write_one(final_obs, i, {key: value[t] for key, value in out.final_observations.items()})
             t_inference += t1 - t0
@@ -142,6 +147,7 @@ class Actor:
         if self.reward_clip is not None:
             np.clip(env_rewards, -self.reward_clip, self.reward_clip, out=rewards)
         self._count_episodes(env_rewards, terminated | truncated, ~autoreset, info)
+        info.episode_info, info.info_error = episode_info.take(), episode_info.error
         for key, value in self.current_obs.items():
             value.copy_(out.observations[key][n_steps])
         self.episode_start.copy_(out.episode_start[n_steps])

@@ -20,6 +20,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from maze_cli.envs.info_stats import raise_error
 from maze_cli.envs.spaces import action_spec, observation_specs
 from maze_cli.errors import MazeCliError
 from maze_cli.records import Rollout, RolloutInfo, RolloutSpec, TensorSpec
@@ -166,6 +167,9 @@ class DistributedActors(abc.ABC):
         stats = self.epoch_stats
         stats.extend("episode_return", info.episode_returns)
         stats.extend("episode_length", info.episode_lengths)
+        raise_error(info.info_error)
+        for event, values in info.episode_info.items():  # env statistics: env/<key>, is_success
+            stats.extend(event, values)
         lag = self.policy_version - info.policy_version
         if self.max_policy_lag is not None and lag > self.max_policy_lag:
             stats.add("dropped_rollouts", 1)
@@ -247,7 +251,8 @@ class DistributedActors(abc.ABC):
         return self.epoch_stats
 
     def get_stats_value(self, event: str, level: LogStatsLevel = LogStatsLevel.EPOCH, name: str | None = None) -> float | None:
-        """One value of the epoch stats, e.g. `get_stats_value("episode_return", name="mean")`."""
+        """One value of the epoch stats, e.g. `get_stats_value("episode_return", name="mean")`, or an
+        env statistic: `get_stats_value("env/distance")` (its mean over the epoch's episodes)."""
         if level is not LogStatsLevel.EPOCH:
             raise ValueError("only epoch-level statistics are kept")
         return self.epoch_stats.get(event, name or "mean")
