@@ -229,3 +229,33 @@ class ImageEnv(gym.Env):
         self.t += 1
         self.side = int(self.np_random.integers(2))
         return self._obs(), reward, self.t >= self.length, False, {}
+
+
+class InfoEnv(CountingEnv):
+    """CountingEnv that reports in `info`: `distance` = the step count at every step (so an episode
+    of `length` steps has last/max = length, min = 1, sum = length*(length+1)/2, mean = (length+1)/2),
+    `label`, a text, and at each episode's end `is_success`, true for every other episode of each
+    env (the first one succeeds): success rate 1/2 over an even number of episodes."""
+
+    def __init__(self, length: int = 5, truncate: bool = False, **kwargs):
+        super().__init__(length=length, truncate=truncate, **kwargs)
+        self.episodes = 0
+
+    def step(self, action):
+        obs, reward, terminated, truncated, _ = super().step(action)
+        info = {"distance": float(self.count), "label": "far"}
+        if terminated or truncated:
+            info["is_success"] = self.episodes % 2 == 0
+            self.episodes += 1
+        return obs, reward, terminated, truncated, info
+
+
+class ScaledReward(gym.RewardWrapper):
+    """A wrapper of the user's own package (for `env.wrappers`): rewards times `scale`."""
+
+    def __init__(self, env: gym.Env, scale: float = 1.0):
+        super().__init__(env)
+        self.scale = scale
+
+    def reward(self, reward):
+        return reward * self.scale

@@ -22,6 +22,9 @@ def _unknown_key(full_key: str, argv: list[str]) -> str:
     from maze_cli.envs.factory import ID_KEYS  # imports torch: only when needed
 
     candidates = list(ID_KEYS) if section == "env" else known_keys(section)
+    head, _, rest = key.partition(".")
+    if rest and (head in candidates or section == "callbacks"):  # a new key inside a mapping (env.info_stats.x, env.kwargs.x)
+        return f"{full_key}: a key this config does not have yet; add it with +{full_key}=..."
     if key in candidates:  # a key the section takes that its config file leaves out
         return f"{full_key}: not set by this config; add it with +{full_key}=..."
     hint = suggest(key.split(".")[-1], candidates)

@@ -42,7 +42,7 @@ Keys:
   deterministic=true       the policy's most likely action; false: sample from it
   video=false              record the first episode (MP4 with pip install 'maze_cli[video]', else GIF)
   video_path=...           where; default videos/rollout.mp4 in the checkpoint's run dir
-  allow=[my_pkg.MyNet]     classes of your own the checkpoint may build (policy network, env)
+  allow=[my_pkg.MyNet]     classes of your own the checkpoint may build (policy network, env, env wrapper)
   trust_checkpoint=false   true: the file may hold pickled objects and name any class (runs code from it)
 
 Examples:
@@ -69,7 +69,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     from maze_cli.envs.factory import EnvFactory
     from maze_cli.errors import CheckpointError
     from maze_cli.evaluation import run_episodes
-    from maze_cli.policies.blueprint import check_spaces, is_own_env_maker
+    from maze_cli.policies.blueprint import check_spaces, refused_env_callables
     from maze_cli.seeding import derive_seeds
 
     path = Path(cfg.checkpoint)
@@ -78,10 +78,11 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     env_config = (payload.get("config") or {}).get("env")
     if not isinstance(env_config, dict):
         raise CheckpointError(f"{where}: the checkpoint names no env (config.env)")
-    env_target = env_config.get("_target_")
-    if env_target is not None and env_target not in cfg.allow and not cfg.trust_checkpoint and not is_own_env_maker(env_target):
-        raise CheckpointError(f"{where}: its env is built by '{env_target}', a callable the checkpoint names; refused. "
-                              f"Allow it by name with allow=[{env_target}], or trust_checkpoint=true (runs code from the file)")
+    refused = refused_env_callables(env_config, cfg.allow, cfg.trust_checkpoint)
+    if refused:
+        what = "its env is built by" if refused[0] == env_config.get("_target_") else "its env is wrapped by"
+        raise CheckpointError(f"{where}: {what} '{refused[0]}', a callable the checkpoint names; refused. "
+                              f"Allow it by name with allow=[{','.join(refused)}], or trust_checkpoint=true (runs code from the file)")
     policy = load_policy(path, cfg.allow, cfg.trust_checkpoint, where)
     policy_config = (payload.get("config") or {}).get("policy")
     env_factory = EnvFactory.for_policy(env_config, policy_config)

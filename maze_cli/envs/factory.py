@@ -10,7 +10,9 @@ from typing import Any, Mapping, Protocol, runtime_checkable
 import gymnasium as gym
 
 from maze_cli.envs.core_inputs import PreviousActionReward, adds_inputs
+from maze_cli.envs.info_stats import SUCCESS_KEY, as_number, check_info_stats
 from maze_cli.envs.spaces import UnsupportedSpaceError, action_spec, observation_specs
+from maze_cli.envs.wrappers import apply_wrappers, wrapper_specs
 from maze_cli.errors import ConfigError, first_line
 
 __all__ = ["EnvFactory", "EnvConfigError", "UnsupportedSpaceError", "VectorizedEnvTarget"]
@@ -34,12 +36,15 @@ def _plain_warnings() -> None:
 _plain_warnings()
 
 # Keys of an env config that configure maze_cli rather than the env itself.
-ID_KEYS = ("id", "kwargs", "max_episode_steps", "vectorize", "register", "check", "reward_clip", "obs_keys", "core_inputs")
-OWN_KEYS = ("check", "reward_clip", "obs_keys", "core_inputs")  # keys of any env config that maze_cli reads (never passed to the env)
+ID_KEYS = ("id", "kwargs", "max_episode_steps", "vectorize", "register", "check", "reward_clip", "obs_keys", "core_inputs",
+           "info_stats", "wrappers")
+OWN_KEYS = ("check", "reward_clip", "obs_keys", "core_inputs", "info_stats", "wrappers")  # keys of any env config that maze_cli reads (never passed to the env)
 # Optional extras that bring env packages, by the module an env config registers its ids from.
 EXTRAS = {"minatar": "minatar", "ale_py": "atari", "minigrid": "minigrid"}
 # Env id prefixes whose ids exist only once their package is imported (gymnasium 1.x loads no plugins).
 ID_PACKAGES = {"ALE/": "ale_py", "MinAtar/": "minatar.gym", "MiniGrid-": "minigrid", "BabyAI-": "minigrid"}
+# Observation keys no network reads, and the wrapper that turns such an observation into one it does.
+FIXING_WRAPPERS = {"mission": "minigrid.wrappers.ImgObsWrapper"}
 
 
 class EnvConfigError(ConfigError):
@@ -74,11 +79,18 @@ class EnvFactory:
     (e.g. MiniGrid's text `mission`, which no network reads).
     `core_inputs` (set from `policy.core_inputs` by `for_policy`): the previous action and reward
     added to the observations (`maze_cli.envs.core_inputs`).
+    `wrappers` (either kind): gymnasium wrappers applied in order to every env built, each a dotted
+    name of a class or function called as `wrapper(env)`, or `{_target_: name, **arguments}`
+    (`maze_cli.envs.wrappers`); they come before `obs_keys` and `core_inputs`.
+    `info_stats` (either kind): `{info key: reduction}`, the env statistics the actors and evaluation
+    follow (`maze_cli.envs.info_stats`).
     """
 
     config: Mapping[str, Any]
 
     def __post_init__(self) -> None:
+        check_info_stats(self.config.get("info_stats"))
+        wrapper_specs(self.config.get("wrappers"))
         has_id = self.config.get("id") is not None
         has_target = self.config.get("_target_") is not None
         if not (has_id or has_target):
@@ -105,6 +117,8 @@ class EnvFactory:
             env = gym.make(self.config["id"], **kwargs)
         if not isinstance(env, gym.Env):
             raise EnvConfigError(f"env: {self.config.get('_target_')} returned {type(env).__name__}, not a gymnasium.Env")
+        if self.config.get("wrappers"):
+            env = apply_wrappers(env, self.config["wrappers"])
         if self.config.get("obs_keys") is not None:
             env = self._filter_observation(env)
         if adds_inputs(self.config.get("core_inputs")):
@@ -177,7 +191,7 @@ class EnvFactory:
         where `vectorize` is off, or where it is not the same env: a vector entry point that changes
         the spaces (ALE's preprocesses frames to 84x84 by default) would not match the policy."""
         if (not self.config.get("vectorize", True) or adds_inputs(self.config.get("core_inputs"))
-                or self.config.get("obs_keys") is not None):
+                or self.config.get("obs_keys") is not None or self.config.get("wrappers")):
             return None
         if self.config.get("_target_") is not None:
             return self._target_vector_env(n_envs)
@@ -233,6 +247,11 @@ class EnvFactory:
     def reward_clip(self) -> float | None:
         return self.config.get("reward_clip")
 
+    @property
+    def info_stats(self) -> dict[str, str]:
+        """The env statistics to follow: `{info key: reduction}` (`env.info_stats`)."""
+        return check_info_stats(self.config.get("info_stats"))
+
     def check(self) -> tuple[gym.Space, gym.Space]:
         """Build one env in this process, check its spaces are supported, and return them.
 
@@ -273,9 +292,12 @@ class EnvFactory:
                     readable.append(key)
                 except UnsupportedSpaceError:
                     pass
-            if not readable:
+            fixes = [f"env.wrappers=[{FIXING_WRAPPERS[key]}]" for key in space.spaces if key in FIXING_WRAPPERS]
+            wrap = f"; wrap the env with the wrapper made for it: {fixes[0]}" if fixes else ""
+            if not readable and not wrap:
                 raise
-            raise UnsupportedSpaceError(f"{err}; or leave it out: +env.obs_keys=[{','.join(readable)}]") from None
+            leave_out = f"; or leave it out: +env.obs_keys=[{','.join(readable)}]" if readable else ""
+            raise UnsupportedSpaceError(f"{err}{wrap}{leave_out}") from None
 
     def _check_spaces(self, env: gym.Env) -> None:
         """The env as built (wrappers included) keeps its declared spaces on reset and a few random
@@ -284,8 +306,11 @@ class EnvFactory:
         observation, _ = env.reset(seed=0)
         self._require(space.contains(observation), f"its reset() observation is outside its observation space {space}")
         for _ in range(5):
-            observation, _, terminated, truncated, _ = env.step(env.action_space.sample())
+            observation, _, terminated, truncated, info = env.step(env.action_space.sample())
             self._require(space.contains(observation), f"a step() observation is outside its observation space {space}")
+            for key in (*self.info_stats, SUCCESS_KEY):  # a non-numeric statistic fails here, before any actor starts
+                if key in info:
+                    as_number(key, info[key])
             if terminated or truncated:
                 env.reset()
 

@@ -66,6 +66,45 @@ def is_own_env_maker(target: str) -> bool:
     return target.startswith(OWN_PACKAGE + ".envs.") and (module == OWN_PACKAGE or module.startswith(OWN_PACKAGE + "."))
 
 
+# Packages whose env wrappers a checkpoint may name without allow=: gymnasium's, maze_cli's own, and those of
+# the env packages maze_cli's extras install.
+WRAPPER_PACKAGES = ("gymnasium.wrappers", OWN_PACKAGE + ".envs", "minigrid.wrappers", "ale_py", "minatar")
+
+
+def _is_known_wrapper(target: str) -> bool:
+    """A wrapper class or function of WRAPPER_PACKAGES, both by name and by where it is defined (so
+    that a path through a module's imports, such as gymnasium.wrappers.os.system, is not one)."""
+    from hydra.utils import get_object
+
+    def within(name: str) -> bool:
+        return any(name == p or name.startswith(p + ".") for p in WRAPPER_PACKAGES)
+
+    if not within(target):  # judged by name before anything is imported
+        return False
+    try:
+        obj = get_object(target)
+    except Exception:  # noqa: BLE001
+        return False
+    return (inspect.isclass(obj) or inspect.isfunction(obj)) and within(getattr(obj, "__module__", "") or "")
+
+
+def refused_env_callables(env_config: dict[str, Any], allow: Iterable[str], trust: bool) -> list[str]:
+    """The callables a checkpoint's env config names that loading it may not call: its env `_target_`
+    unless maze_cli's own env maker, its `wrappers` unless gymnasium's, maze_cli's or a known env
+    package's; anything listed in `allow` (or everything, with `trust`) passes."""
+    from maze_cli.envs.wrappers import wrapper_targets
+
+    if trust:
+        return []
+    allowed = set(allow)
+    refused = []
+    target = env_config.get("_target_")
+    if target is not None and target not in allowed and not is_own_env_maker(target):
+        refused.append(target)
+    refused += [w for w in wrapper_targets(env_config.get("wrappers")) if w not in allowed and not _is_known_wrapper(w)]
+    return refused
+
+
 def check_allowed(blueprint: dict[str, Any], trusted: Iterable[str], where: str) -> None:
     """Refuse a blueprint naming anything but maze_cli's own module classes and `trusted` paths."""
     from hydra.utils import get_object
