@@ -377,6 +377,17 @@ def logger_section() -> list[str]:
     return lines
 
 
+def callbacks_section() -> list[str]:
+    from maze_cli import callbacks
+
+    lines = ["## `callbacks` (optional: `+callbacks.<name>._target_=<class>`, `+callbacks=<name>`)", "",
+             "Each `callbacks.<name>` builds its `_target_` class with its other keys as arguments; hooks (each "
+             "optional): " + ", ".join(f"`{hook}`" for hook in callbacks.HOOKS) + ". No packaged callbacks: a YAML file "
+             "`callbacks/<name>.yaml` in `--config-dir` holds `<name>: {_target_: ..., ...}`. "
+             "[Your own components](../components.md#code-at-every-epochs-end) says when each hook is called.", ""]
+    return lines
+
+
 def tuning_values(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     """What a tuning file sets, the files it includes (its defaults list) first."""
     config = read_yaml(path)
@@ -429,7 +440,7 @@ def render() -> str:
     lines += top_level()
     for group in schema.SCHEMAS:
         lines += group_section(group, defaults.get(group))
-    lines += env_section() + logger_section() + tuning_section()
+    lines += env_section() + logger_section() + callbacks_section() + tuning_section()
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import gymnasium as gym
 import torch
@@ -57,3 +59,36 @@ class NeedsMissingPackageWriter(CsvWriter):
     """A tracker that names a package which is not installed."""
 
     requires = ("no_such_tracker_package", "nosuch")
+
+
+class StopAtEpoch:
+    """A callback: adds `cb/epoch` to every row, stops the run at epoch `stop_at`, and notes its
+    start and end hooks in `out_dir` (start.json, end.json)."""
+
+    def __init__(self, out_dir: str, stop_at: int = 2):
+        self.out_dir, self.stop_at = Path(out_dir), stop_at
+
+    def on_train_start(self, run_dir, config):
+        (self.out_dir / "start.json").write_text(json.dumps({"run_dir": str(run_dir), "env": config["env"]}))
+
+    def on_epoch_end(self, epoch, stats):
+        stats["cb/epoch"] = epoch
+        return epoch >= self.stop_at
+
+    def on_train_end(self, result):
+        (self.out_dir / "end.json").write_text(json.dumps(result))
+
+
+class RaisingCallback:
+    """Fault injection: a callback whose `on_epoch_end` raises at epoch `fail_at`."""
+
+    def __init__(self, fail_at: int = 2):
+        self.fail_at = fail_at
+
+    def on_epoch_end(self, epoch, stats):
+        if epoch >= self.fail_at:
+            raise RuntimeError("injected failure in a callback")
+
+
+class NoHooks:
+    """Not a callback: none of the hooks."""

@@ -40,7 +40,7 @@ def _env_options() -> list[str]:
 
 # Keys a resumed run may change; everything else comes from the run's saved config.
 RESUMABLE_KEYS = {"max_env_steps", "max_time_s", "target_return", "target_window", "epoch_length", "eval", "checkpoint",
-                  "device", "torch_threads", "learner", "resume", "trust_checkpoint"}
+                  "device", "torch_threads", "learner", "resume", "trust_checkpoint", "callbacks", "sweep"}
 
 
 class TrainingDiverged(MazeCliError, RuntimeError):
@@ -72,7 +72,8 @@ def _resumed_config(cfg: DictConfig) -> DictConfig:
 
 
 def run_train(cfg: DictConfig) -> dict:
-    """The task: everything after composition. Returns a summary of the run."""
+    """The task: everything after composition. Returns a summary of the run, with its `objective`
+    (what a sweeper optimizes: `sweep.objective`)."""
     started = time.perf_counter()
     if cfg.get("resume"):
         cfg = _resumed_config(cfg)
@@ -83,7 +84,8 @@ def run_train(cfg: DictConfig) -> dict:
         finished = _finished(resumed_from, Path(settings.train.resume), settings.train)
         if finished is not None:
             print(finished)  # not logged: train.log stays as it was
-            return {"stop_reason": "finished", "env_steps": None, "time_s": 0.0}
+            return {"stop_reason": "finished", "env_steps": None, "time_s": 0.0,
+                    "objective": objective(Path(settings.train.resume), settings.train)}
     _warm_up_actor_processes(settings)
     env_factory, observation_space, action_space = _prepare_this_process(settings)
     from maze_cli.cli.build import trusted_targets  # (torch is loaded by now)
@@ -137,6 +139,7 @@ def _prepare_this_process(settings):
 
 def _train(cfg, settings, config, env_factory, observation_space, action_space, trusted, resumed_from, group, started) -> dict:
     """Build learner 0's run (the only one, or the one that evaluates and writes), train, write the results."""
+    from maze_cli.callbacks import Callbacks
     from maze_cli.checkpoint import Checkpointer
     from maze_cli.cli.build import build_run, build_trackers
     from maze_cli.envs.spaces import describe_space
@@ -150,6 +153,7 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
     jsonl, tensorboard = JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")
     files = [ConsoleTable(), jsonl, tensorboard]
     trainer = _trainer(settings, run, env_factory, files, _eval_videos(settings, run_dir, tensorboard), warm_started, group)
+    trainer.callbacks = callbacks = Callbacks(settings.callbacks)
     checkpointer = Checkpointer(run_dir / "checkpoints", run, trainer, config, t.checkpoint.interval, t.checkpoint.replay_buffer)
     trainer.on_epoch_end = checkpointer.on_epoch_end
     if t.resume:
@@ -167,11 +171,33 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
     trackers = build_trackers(settings.logger, run_dir, config)  # last: a failure before it leaves no tracker run open
     trainer.writers += trackers
     broadcast_first = bool(t.resume or group is not None)  # (several learners: so that their policy versions agree)
-    result = _run_to_the_end(run, trainer, checkpointer, files, trackers, run_dir, broadcast_first)
+    result = _run_to_the_end(run, trainer, checkpointer, files, trackers, run_dir, broadcast_first, callbacks, config)
     checkpointer.save_last(result.stop_reason)
     log.info(_summary_line(result, trainer.time_offset + result.time_s, trainer.best_eval, run_dir / "checkpoints",
                            time.perf_counter() - started))
-    return {"stop_reason": result.stop_reason, "env_steps": result.env_steps, "time_s": result.time_s}
+    summary = {"stop_reason": result.stop_reason, "env_steps": result.env_steps, "time_s": result.time_s,
+               "objective": objective(run_dir, t)}
+    callbacks.train_end(summary)
+    return summary
+
+
+def objective(run_dir: Path, t) -> float:
+    """The run's objective for a sweeper, from its stats.jsonl (every epoch, over any resumes):
+    `sweep.objective` reduced by `sweep.reduce`; by default the best eval return, or with evaluation
+    off the last training window mean. NaN where no epoch has the key (a sweeper counts it failed)."""
+    from maze_cli.stats.writers import read_rows
+
+    key, reduce = t.sweep.objective, t.sweep.reduce
+    if key is None:
+        key, reduce = ("eval/return_mean", "max") if t.eval.interval > 0 else ("train/return_window_mean", "last")
+    rows = read_rows(run_dir / "stats.jsonl")
+    values = [float(row[key]) for row in rows if isinstance(row.get(key), (int, float))]
+    if not values and key == "train/return_window_mean":  # a window not yet full: the epochs' mean returns
+        values = [float(row["train/return_mean"]) for row in rows if isinstance(row.get("train/return_mean"), (int, float))]
+    if not values:
+        log.warning(f"sweep.objective: no epoch of the run has '{key}'; the objective is NaN")
+        return math.nan
+    return {"max": max, "min": min, "last": lambda v: v[-1], "mean": lambda v: math.fsum(v) / len(v)}[reduce](values)
 
 
 def _warm_start(learner, t, trusted) -> bool:
@@ -207,7 +233,7 @@ def _trainer(settings, run, env_factory, files: list, videos, warm_started: bool
         return stats
 
     trainer = Trainer(run.loop, budget, files, evaluate=evaluate, eval_interval=t.eval.interval, evaluate_first=warm_started,
-                      group=group)
+                      group=group, info_keys=list(env_factory.info_stats))
     return trainer
 
 
@@ -221,18 +247,23 @@ def _restore(checkpointer, saved: dict, trainer, jsonl, tensorboard, run_dir: Pa
              + (f" (its last checkpoint; the {dropped} epoch rows written after it are trained again)" if dropped else ""))
 
 
-def _run_to_the_end(run, trainer, checkpointer, files: list, trackers: list, run_dir: Path, broadcast_first: bool):
+def _run_to_the_end(run, trainer, checkpointer, files: list, trackers: list, run_dir: Path, broadcast_first: bool,
+                    callbacks=None, config: dict | None = None):
     """Train with the actors running (`broadcast_first`: publish the learner's weights before the
     first collect), and leave the run dir complete however training ends: a diverged loss reported
     with the last good checkpoint, last.pt written on Ctrl-C or a failed learner, every file closed,
     the learning curve drawn (while the actors stop, when training ended normally), trackers closed
-    last, since one may upload the curve. Returns the Trainer's result."""
+    last, since one may upload the curve. The callbacks' `on_train_start` runs before the actors
+    start; a callback that raises ends the run like a failed learner. Returns the Trainer's result."""
+    from maze_cli.callbacks import CallbackFailed
     from maze_cli.distributed import LearnerFailure
     from maze_cli.stats.plots import start_learning_curve, write_learning_curve
     from maze_cli.training import NonFiniteLoss
 
     curve = None
     try:
+        if callbacks:
+            callbacks.train_start(run_dir, config)
         with run.runner:
             if broadcast_first:
                 run.runner.broadcast_updated_policy(run.learner.policy.state_dict())
@@ -249,6 +280,9 @@ def _run_to_the_end(run, trainer, checkpointer, files: list, trackers: list, run
         checkpointer.save_last("interrupted")
         log.info("interrupted: actors stopped, checkpoints/last.pt written")
         raise
+    except CallbackFailed as err:
+        checkpointer.save_last("callback_failed")
+        raise CallbackFailed(f"{err}; the run stopped after {trainer.env_steps:,} env steps, checkpoints/last.pt written") from None
     except LearnerFailure as err:
         checkpointer.save_last("learner_failed")
         raise LearnerFailure(f"{err}; the run stopped after {trainer.env_steps:,} env steps, checkpoints/last.pt written: "
@@ -436,10 +470,11 @@ def _discard_unused_run_dir() -> None:
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="train")
-def _hydra_train(cfg: DictConfig) -> dict:
+def _hydra_train(cfg: DictConfig) -> float:
+    """The run's objective as a float (`sweep.objective`), which Hydra's sweepers (Optuna's) optimize."""
     # Errors are reported here, inside the job, so Hydra adds no lines of its own to the message.
     try:
-        return run_train(cfg)
+        return run_train(cfg)["objective"]
     except ConfigError as err:
         _discard_unused_run_dir()
         _exit_on_user_error(err)

@@ -81,6 +81,18 @@ class LearnerConfig:
 
 
 @dataclass
+class SweepConfig:
+    """What `train` returns to Hydra's sweepers (e.g. Optuna's) as the run's objective."""
+
+    # the stat key to judge the run on (any key of stats.jsonl, e.g. eval/success_rate); null: the best eval
+    # return (eval/return_mean), or the last training window mean (train/return_window_mean) with eval.interval=0
+    objective: Optional[str] = None
+    # how the key's values over the run's epochs become one number: max (its best), min, last or mean; with
+    # objective=null it is max for the eval return and last for the window mean
+    reduce: str = _f("max", choices=("max", "min", "last", "mean"))
+
+
+@dataclass
 class TrainConfig:
     """Top-level keys of `train` (the budget and the run)."""
 
@@ -107,6 +119,7 @@ class TrainConfig:
     # true: checkpoints read by this run (resume, init_from, algorithm.initial_sampling_policy) may hold pickled
     # objects and name any class: this runs code from the file; only for files from people you trust
     trust_checkpoint: bool = False
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
 @dataclass
@@ -120,6 +133,9 @@ class TrainRootConfig(TrainConfig):
     runner: Any = None
     replay_buffer: Any = None
     logger: Any = None  # not in the defaults list: `+logger=mlflow`, `+logger=[mlflow,wandb]`
+    # code at every epoch's end: callbacks.<name>._target_=<class> (maze_cli.callbacks); a YAML in
+    # --config-dir chosen with +callbacks=<name>
+    callbacks: Any = field(default_factory=dict)
 
 
 # -- algorithm ------------------------------------------------------------------------------------
@@ -331,7 +347,7 @@ def known_keys(section: str | None) -> list[str]:
     schemas = [TrainConfig] if section is None else list(SCHEMAS.get(section, {}).values())
     keys = {f.name for s in schemas for f in dataclasses.fields(s)}
     if section is None:
-        keys |= set(SCHEMAS) | {"env", "logger"}
+        keys |= set(SCHEMAS) | {"env", "logger", "callbacks"}
     return sorted(keys)
 
 
@@ -488,13 +504,14 @@ class Settings:
     runner: DictConfig
     replay_buffer: DictConfig
     logger: dict[str, Any] = field(default_factory=dict)  # tracker name -> its config (`+logger=mlflow`)
+    callbacks: dict[str, Any] = field(default_factory=dict)  # callback name -> its config (`callbacks.<name>._target_`)
 
 
 def validate(cfg: DictConfig, env_options: list[str]) -> Settings:
     """Check every key of the composed config; raise ConfigError naming the first bad one."""
     if cfg.get("env") is None:
         raise NoEnvError(env_options)
-    top = {k: cfg[k] for k in cfg if k not in SCHEMAS and k not in ("env", "logger")}
+    top = {k: cfg[k] for k in cfg if k not in SCHEMAS and k not in ("env", "logger", "callbacks")}
     train = validate_section(TrainConfig, top, "", "train")
     try:
         env = OmegaConf.to_container(cfg.env, resolve=True, throw_on_missing=True)
@@ -504,7 +521,29 @@ def validate(cfg: DictConfig, env_options: list[str]) -> Settings:
         raise ConfigError(f"env: expected a mapping of env settings, got {env!r}")
     groups = {section: validate_group(section, cfg[section]) for section in SCHEMAS}
     _check_runner(groups["runner"])
-    return Settings(train=train, env=env, logger=validate_loggers(cfg.get("logger")), **groups)
+    return Settings(train=train, env=env, logger=validate_loggers(cfg.get("logger")), callbacks=validate_callbacks(cfg.get("callbacks")),
+                    **groups)
+
+
+def validate_callbacks(callbacks: Any) -> dict[str, Any]:
+    """`callbacks.<name>`: a mapping whose `_target_` is a class built from its other keys, with at
+    least one of the hooks (maze_cli.callbacks.HOOKS)."""
+    if not callbacks:
+        return {}
+    if not isinstance(callbacks, (DictConfig, dict)):
+        raise ConfigError(f"callbacks: expected callbacks.<name>._target_=<class> (or +callbacks=<name>), got {callbacks!r}")
+    resolved = OmegaConf.to_container(callbacks, resolve=True) if isinstance(callbacks, DictConfig) else dict(callbacks)
+    from maze_cli.callbacks import HOOKS
+
+    for name, options in resolved.items():
+        if not isinstance(options, dict) or "_target_" not in options:
+            raise ConfigError(f"callbacks.{name}: expected a mapping with _target_, e.g. +callbacks.{name}._target_=my_pkg.MyCallback")
+        check_arguments(f"callbacks.{name}", options)
+        from hydra.utils import get_object
+
+        if not any(callable(getattr(get_object(options["_target_"]), hook, None)) for hook in HOOKS):
+            raise ConfigError(f"callbacks.{name}._target_={options['_target_']}: has none of the hooks {', '.join(HOOKS)}")
+    return resolved
 
 
 def validate_loggers(loggers: Any) -> dict[str, Any]:
