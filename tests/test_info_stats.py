@@ -89,6 +89,15 @@ def test_episodes_that_report_nothing_add_nothing():
     assert stats.take() == {"env/d": [2.0]}
 
 
+def test_an_is_success_that_is_no_number_is_no_success_flag_unless_listed():
+    stats = EpisodeInfoStats({}, 1)
+    stats.observe({0: {"is_success": None}}, np.array([True]))
+    assert stats.take() == {} and stats.error is None
+    listed = EpisodeInfoStats({"is_success": "last"}, 1)
+    listed.observe({0: {"is_success": None}}, np.array([True]))
+    assert listed.error.startswith("env.info_stats.is_success: the env reported None")
+
+
 def test_bad_reductions_and_non_numeric_values_are_one_line_naming_the_key():
     with pytest.raises(ConfigError, match=r"^env.info_stats.distance=median: unknown reduction; use one of last, sum"):
         EnvFactory({"id": "CartPole-v1", "info_stats": {"distance": "median"}})

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Protocol, runtime_checkable
 import gymnasium as gym
 
 from maze_cli.envs.core_inputs import PreviousActionReward, adds_inputs
-from maze_cli.envs.info_stats import SUCCESS_KEY, as_number, check_info_stats
+from maze_cli.envs.info_stats import as_number, check_info_stats
 from maze_cli.envs.spaces import UnsupportedSpaceError, action_spec, observation_specs
 from maze_cli.envs.wrappers import apply_wrappers, wrapper_specs
 from maze_cli.errors import ConfigError, first_line
@@ -308,7 +308,7 @@ class EnvFactory:
         for _ in range(5):
             observation, _, terminated, truncated, info = env.step(env.action_space.sample())
             self._require(space.contains(observation), f"a step() observation is outside its observation space {space}")
-            for key in (*self.info_stats, SUCCESS_KEY):  # a non-numeric statistic fails here, before any actor starts
+            for key in self.info_stats:  # a non-numeric statistic fails here, before any actor starts
                 if key in info:
                     as_number(key, info[key])
             if terminated or truncated:

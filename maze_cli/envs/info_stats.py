@@ -47,8 +47,7 @@ class NonNumericInfo(ConfigError):
     """An info key the stats follow holds something that is not a number."""
 
     def __init__(self, key: str, value: Any):
-        where = f"env.info_stats.{key}" if key != SUCCESS_KEY else f"info['{SUCCESS_KEY}']"
-        super().__init__(f"{where}: the env reported {value!r} ({type(value).__name__}) for info['{key}'], not a number; "
+        super().__init__(f"env.info_stats.{key}: the env reported {value!r} ({type(value).__name__}) for info['{key}'], not a number; "
                          f"follow only numeric info keys (bools count as 0 and 1)")
 
 
@@ -116,7 +115,8 @@ class EpisodeInfoStats:
                     try:
                         self._add(event, i, as_number(key, info[key]))
                     except NonNumericInfo as err:
-                        self.error = self.error or str(err)
+                        if event != SUCCESS_EVENT:  # an is_success nobody asked for that is no number: not a success flag
+                            self.error = self.error or str(err)
         if self.holds_values and ended.any():
             for i in np.flatnonzero(ended):
                 self._end(int(i))
