@@ -71,3 +71,7 @@ def test_bad_callback_configs_are_one_line(tmp_path):
                                      "on_train_start, on_epoch_end, on_train_end")
     result = run_train(*SHORT, "+callbacks.x._target_=tests.user_components.StopAtEpoch", "+callbacks.x.stop_after=3", run_dir=tmp_path / "c")
     assert result.returncode == 2 and "callbacks.x.stop_after: unknown key" in result.stderr
+    result = run_train(*SHORT, "+callbacks.x._target_=tests.user_components.StopAtEpoch", run_dir=tmp_path / "d")  # out_dir missing
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("train: error: callbacks.x: building tests.user_components.StopAtEpoch failed (TypeError:")
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "d" / "stats.jsonl").exists()

@@ -63,6 +63,9 @@ def test_train_without_plus_on_packaged_env_keys(tmp_path):
                        "env.wrappers=[gymnasium.wrappers.FlattenObservation]", "env.register=gymnasium", "env.info_stats={x: sum}",
                        run_dir=tmp_path / "run")
     assert result.returncode == 0, result.stderr
+    result = run_train("+env=gym", "env.id=Nope-v0", "env.register=no_such_module", run_dir=tmp_path / "gym")
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("train: error: env.register=no_such_module: cannot import it")
 
 
 def rollout(*args: str) -> subprocess.CompletedProcess:

@@ -147,13 +147,14 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
 
     t = settings.train
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    callbacks = Callbacks(settings.callbacks)  # before anything starts: a callback that cannot be built is one line
     run = build_run(settings, env_factory, observation_space, action_space, trusted, t.trust_checkpoint, group)
     warm_started = _warm_start(run.learner, t, trusted)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     jsonl, tensorboard = JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")
     files = [ConsoleTable(), jsonl, tensorboard]
     trainer = _trainer(settings, run, env_factory, files, _eval_videos(settings, run_dir, tensorboard), warm_started, group)
-    trainer.callbacks = callbacks = Callbacks(settings.callbacks)
+    trainer.callbacks = callbacks
     checkpointer = Checkpointer(run_dir / "checkpoints", run, trainer, config, t.checkpoint.interval, t.checkpoint.replay_buffer)
     trainer.on_epoch_end = checkpointer.on_epoch_end
     if t.resume:
