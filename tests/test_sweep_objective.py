@@ -46,3 +46,15 @@ def test_an_optuna_sweep_completes_its_trials_and_writes_the_summary(tmp_path):
     assert len(rows) == 3 and (sweep_dir / "summary.png").is_file()
     best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert best["best_value"] == max(float(row["best_return"]) for row in rows)
+    assert all(row["objective_key"] == "eval/return_mean" and float(row["objective"]) == float(row["best_return"]) for row in rows)
+
+
+def test_a_chosen_objective_is_what_the_summary_reports(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    result = subprocess.run([str(TRAIN), "-m", "+env=cartpole", "runner=sequential", "max_env_steps=2000", "epoch_length=1", "eval.interval=0",
+                             "sweep.objective=train/return_mean", "sweep.reduce=min", "seed=1,2", f"hydra.sweep.dir={sweep_dir}"],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for row in csv.DictReader((sweep_dir / "summary.csv").open()):
+        returns = [json.loads(line)["train/return_mean"] for line in (sweep_dir / row["job"] / "stats.jsonl").read_text().splitlines()]
+        assert row["objective_key"] == "train/return_mean" and float(row["objective"]) == min(returns)

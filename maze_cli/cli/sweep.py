@@ -1,7 +1,7 @@
 """After a multirun (`train -m ...`): `summary.csv` and `summary.png` in the sweep dir.
 
 One CSV row per job (its overrides, best and final return, env steps, wall time; returns are eval
-returns when the jobs evaluated). The plot shows that same return and, beside it, the training
+returns when the jobs evaluated; its objective, what `train` returned to the sweeper). The plot shows that same return and, beside it, the training
 return: per setting of the overrides other than `seed`, the mean across seeds with the min-max spread.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,30 @@ def _curve_key(stats: list[dict]) -> str:
     return "eval/return_mean" if any("eval/return_mean" in row for row in stats) else "train/return_mean"
 
 
+REDUCTIONS = {"max": max, "min": min, "last": lambda v: v[-1], "mean": lambda v: math.fsum(v) / len(v)}
+
+
+def objective_of(rows: list[dict[str, Any]], key: str | None, reduce: str, evaluated: bool) -> tuple[float, str]:
+    """A run's objective from its epoch rows, and the key it was read from: `key` reduced over the
+    epochs by `reduce`; with no key the best eval return, or without evaluation the last training
+    window mean (the epochs' mean return while the window was never full). NaN: no epoch has it."""
+    if key is None:
+        key, reduce = ("eval/return_mean", "max") if evaluated else ("train/return_window_mean", "last")
+    values = [float(row[key]) for row in rows if isinstance(row.get(key), (int, float))]
+    if not values and key == "train/return_window_mean":
+        values = [float(row["train/return_mean"]) for row in rows if isinstance(row.get("train/return_mean"), (int, float))]
+    return (REDUCTIONS[reduce](values) if values else math.nan), key
+
+
+def _job_objective(job_dir: Path, stats: list[dict[str, Any]]) -> tuple[float, str]:
+    """The objective a job returned, from its saved config (`sweep.*`, `eval.interval`) and its rows."""
+    config_file = job_dir / ".hydra" / "config.yaml"
+    config = (yaml.safe_load(config_file.read_text()) or {}) if config_file.is_file() else {}
+    sweep = config.get("sweep") or {}
+    evaluated = (config.get("eval") or {}).get("interval", 1) > 0
+    return objective_of(stats, sweep.get("objective"), sweep.get("reduce", "max"), evaluated)
+
+
 def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
     jobs = []
     for job_dir in sorted((p for p in sweep_dir.iterdir() if p.is_dir()), key=lambda p: (len(p.name), p.name)):
@@ -38,6 +63,7 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
         overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
         key = _curve_key(stats)
         returns = [row[key] for row in stats if key in row]
+        objective, objective_key = _job_objective(job_dir, stats)
         jobs.append({
             "job": job_dir.name,
             "overrides": " ".join(overrides),
@@ -47,6 +73,8 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
             "final_return": returns[-1] if returns else None,
             "env_steps": stats[-1]["env_steps"],
             "wall_time_s": stats[-1]["time_s"],
+            "objective": objective,
+            "objective_key": objective_key,
             "curves": {  # the return the CSV reports, and the training return (one point per epoch)
                 key: [(row["env_steps"], row[key]) for row in stats if key in row],
                 "train/return_mean": [(row["env_steps"], row["train/return_mean"]) for row in stats if "train/return_mean" in row],
@@ -56,7 +84,7 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
 
 
 def write_summary_csv(jobs: list[dict[str, Any]], path: Path) -> None:
-    fields = ["job", "overrides", "return_key", "best_return", "final_return", "env_steps", "wall_time_s"]
+    fields = ["job", "overrides", "return_key", "best_return", "final_return", "env_steps", "wall_time_s", "objective", "objective_key"]
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()

@@ -184,21 +184,15 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
 
 def objective(run_dir: Path, t) -> float:
     """The run's objective for a sweeper, from its stats.jsonl (every epoch, over any resumes):
-    `sweep.objective` reduced by `sweep.reduce`; by default the best eval return, or with evaluation
-    off the last training window mean. NaN where no epoch has the key (a sweeper counts it failed)."""
+    `sweep.objective` reduced by `sweep.reduce` (maze_cli.cli.sweep.objective_of). NaN where no
+    epoch has the key (a sweeper counts the trial failed)."""
+    from maze_cli.cli.sweep import objective_of
     from maze_cli.stats.writers import read_rows
 
-    key, reduce = t.sweep.objective, t.sweep.reduce
-    if key is None:
-        key, reduce = ("eval/return_mean", "max") if t.eval.interval > 0 else ("train/return_window_mean", "last")
-    rows = read_rows(run_dir / "stats.jsonl")
-    values = [float(row[key]) for row in rows if isinstance(row.get(key), (int, float))]
-    if not values and key == "train/return_window_mean":  # a window not yet full: the epochs' mean returns
-        values = [float(row["train/return_mean"]) for row in rows if isinstance(row.get("train/return_mean"), (int, float))]
-    if not values:
+    value, key = objective_of(read_rows(run_dir / "stats.jsonl"), t.sweep.objective, t.sweep.reduce, t.eval.interval > 0)
+    if math.isnan(value):
         log.warning(f"sweep.objective: no epoch of the run has '{key}'; the objective is NaN")
-        return math.nan
-    return {"max": max, "min": min, "last": lambda v: v[-1], "mean": lambda v: math.fsum(v) / len(v)}[reduce](values)
+    return value
 
 
 def _warm_start(learner, t, trusted) -> bool:
