@@ -194,3 +194,47 @@ def test_a_checkpoint_on_a_full_disk_keeps_the_last_good_one_and_leaves_no_temp_
     monkeypatch.setattr(checkpoint.torch, "save", real_save)
     assert checkpoint.load_checkpoint(path)["epoch"] == 1
     assert sorted(p.name for p in path.parent.iterdir()) == ["last.pt"]
+
+
+# -- a small /dev/shm -------------------------------------------------------------------------------
+@needs_unshare
+def test_a_run_whose_slots_do_not_fit_dev_shm_trains_from_a_file_and_leaves_nothing(tmp_path, namespace):
+    """/dev/shm of 8 MiB, slots of about 10 MiB: the run warns once, trains from a file in TMPDIR,
+    and no file is left there (it never had a name)."""
+    namespace.mount_tmpfs(Path("/dev/shm"), "8m")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    tag = uuid.uuid4().hex
+    run_dir = tmp_path / "run"
+    result = namespace.run(str(TRAIN), *FAST, "algorithm.n_rollout_steps=256", "runner.envs_per_actor=64", "max_env_steps=70000",
+                           f"hydra.run.dir={run_dir}", env=_train_env(tag, TMPDIR=str(temp)))
+    assert result.returncode == 0, result.stderr
+    log = (run_dir / "train.log").read_text()
+    warnings = [line for line in log.splitlines() if "/dev/shm has" in line]
+    assert len(warnings) == 1, log
+    assert f"it is in a file under {temp} instead" in warnings[0] and "docker run --shm-size=" in warnings[0]
+    assert read_rows(run_dir / "stats.jsonl")[-1]["env_steps"] >= 70000
+    assert list(temp.glob("maze_cli-shared-*")) == []
+
+
+def test_runner_shared_memory_file_shares_the_slots_through_a_nameless_file_gone_after_a_kill(tmp_path):
+    """`runner.shared_memory=file`: the actors map a deleted file (their /proc maps say so); after
+    the learner is killed (SIGKILL: no clean-up of its own) the actors exit and no file is left."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    tag = uuid.uuid4().hex
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([str(TRAIN), *FAST, "runner.shared_memory=file", "max_env_steps=100000000", "target_return=null",
+                             f"hydra.run.dir={run_dir}"], env=_train_env(tag, TMPDIR=str(temp)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: len(read_rows(run_dir / "stats.jsonl")) >= 2, timeout=120), proc.stderr
+        actors = [pid for pid in processes_with_env_tag(tag) if pid != proc.pid]
+        maps = "".join(Path(f"/proc/{pid}/maps").read_text() for pid in actors if Path(f"/proc/{pid}/maps").exists())
+        assert f"{temp}/maze_cli-shared-" in maps and "(deleted)" in maps
+        assert list(temp.glob("maze_cli-shared-*")) == []  # (multiprocessing keeps a pymp-* dir of its own there)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    assert wait_until(lambda: processes_with_env_tag(tag) == [], timeout=30)
+    assert list(temp.glob("maze_cli-shared-*")) == []
