@@ -238,3 +238,37 @@ def test_runner_shared_memory_file_shares_the_slots_through_a_nameless_file_gone
         proc.communicate(timeout=30)
     assert wait_until(lambda: processes_with_env_tag(tag) == [], timeout=30)
     assert list(temp.glob("maze_cli-shared-*")) == []
+
+
+@pytest.mark.parametrize("algorithm", ["impala", "sac"])
+def test_an_actor_restarted_maps_the_same_file(tmp_path, algorithm):
+    """A restarted actor maps the learner's file again (through a new copy of its descriptor): the
+    run completes its budget; with SAC, workers fill the replay buffer through the same slots."""
+    from tests.cli import fault_env
+
+    sac = ["algorithm=sac", "algorithm.initial_buffer_size=200", "algorithm.batch_size=32"] if algorithm == "sac" else []
+    result = run_train(*fault_env(tmp_path, "raise_step", **({"action_kind": "box"} if sac else {})), *sac, "runner=subproc",
+                       "runner.shared_memory=file", "max_env_steps=6000", "epoch_length=2", run_dir=tmp_path / "run", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "fault").exists()
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "restarting it: restart 1 of 3" in log and "shared memory (a file in " in log
+    assert sum(row.get("actor_restarts", 0) for row in read_rows(tmp_path / "run" / "stats.jsonl")) == 1
+    assert processes_with_env_tag(result.tag) == []
+
+
+def test_where_the_shared_memory_goes_by_runner_shared_memory(tmp_path, caplog):
+    """`place` against the real free space of a dir standing for /dev/shm: a need it holds stays
+    there; one it cannot hold goes to a file with one warning (auto) or is one line (shm)."""
+    from maze_cli.parallel.shared_memory import SharedMemoryError, place
+
+    fix = "runner.envs_per_actor"
+    assert place("auto", 1024, fix, shm_dir=tmp_path) is None
+    assert place("file", 1024, fix, shm_dir=tmp_path) is not None
+    huge = 2**60
+    with caplog.at_level("WARNING", logger="maze_cli"):
+        assert place("auto", huge, fix, shm_dir=tmp_path) is not None
+    assert len(caplog.records) == 1
+    assert f"needs 1073741824.0 GiB and {tmp_path} has " in caplog.text and "docker run --shm-size=" in caplog.text
+    with pytest.raises(SharedMemoryError, match=r"^runner.shared_memory=shm: .* docker run --shm-size="):
+        place("shm", huge, fix, shm_dir=tmp_path)

@@ -106,8 +106,9 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
             raise ConfigError(f"video=true: the env cannot render rgb_array frames ({type(err).__name__}: {first_line(err)})") from None
         try:
             out = write_video(frames, video_path)
-        except DiskFull as err:
-            raise DiskFull(err.path, f"video_path={video_path}: {err}; free space there or choose another with video_path=<file>") from None
+        except DiskFull as err:  # the video is all this command writes: it ends in one line
+            raise DiskFull(err.path, f"video_path={video_path}: {err}; free space there or choose another with "
+                                     f"video_path=<file>") from None
         print(f"wrote {out} ({len(frames)} frames)")
     return {"return_mean": mean, "return_std": std}
 

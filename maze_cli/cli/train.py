@@ -18,8 +18,8 @@ from pathlib import Path
 import hydra
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from hydra.errors import ConfigCompositionException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from maze_cli.cli import leave_quickly
@@ -185,8 +185,8 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
         f"{_short(settings.algorithm._target_)} with {_short(settings.runner._target_)}, "
         f"{actors.n_actors} actors x {actors.envs_per_actor} envs{learners}"
     )
-    trackers = [WritesTo(tracker, run_dir) for tracker in build_trackers(settings.logger, run_dir, config)]  # last: a failure
-    # before it leaves no tracker run open
+    # last: a failure before it leaves no tracker run open; a full disk under its local files reads as for the run's own
+    trackers = [WritesTo(tracker, run_dir) for tracker in build_trackers(settings.logger, run_dir, config)]
     trainer.writers += trackers
     broadcast_first = bool(t.resume or group is not None)  # (several learners: so that their policy versions agree)
     result = _run_to_the_end(run, trainer, checkpointer, files, trackers, run_dir, broadcast_first)
