@@ -270,5 +270,5 @@ def test_where_the_shared_memory_goes_by_runner_shared_memory(tmp_path, caplog):
         assert place("auto", huge, fix, shm_dir=tmp_path) is not None
     assert len(caplog.records) == 1
     assert f"needs 1073741824.0 GiB and {tmp_path} has " in caplog.text and "docker run --shm-size=" in caplog.text
-    with pytest.raises(SharedMemoryError, match=r"^runner.shared_memory=shm: .* docker run --shm-size="):
+    with pytest.raises(SharedMemoryError, match=r"^runner.shared_memory=shm: .*docker run --shm-size="):
         place("shm", huge, fix, shm_dir=tmp_path)

@@ -184,7 +184,7 @@ def place(choice: str, needed: int, fix: str, shm_dir: Path = SHM_DIR) -> Path |
         raise SharedMemoryError(f"runner.shared_memory=shm: {what}; give it more room ({size}), use fewer {fix}, or "
                                 f"runner.shared_memory=auto (a file in the temp dir when it is too small)")
     directory = Path(tempfile.gettempdir())
-    log.warning(f"{what}: it is in a file under {directory} instead (slower, see docs/scaling.md). To use {shm_dir}: "
+    log.warning(f"{what}: it is in a file under {directory} instead (docs/scaling.md). To use {shm_dir}: "
                 f"{size}, or fewer {fix}; runner.shared_memory=file makes this choice without the warning")
     return directory
 
