@@ -37,14 +37,16 @@ class TrainRun:
         return statistics.median(rates) if rates else float("nan")
 
 
-def run_train(overrides: list[str], run_dir: Path, timeout_s: float = 900, pythonpath: Path | None = None) -> TrainRun:
+def run_train(overrides: list[str], run_dir: Path, timeout_s: float = 900, pythonpath: Path | None = None,
+              prefix: list[str] = ()) -> TrainRun:
     """`train <overrides>` in `run_dir`; raises SystemExit with its stderr if it fails. `pythonpath`: a
-    folder the run imports env classes from (prepended to PYTHONPATH, for the actors too)."""
+    folder the run imports env classes from (prepended to PYTHONPATH, for the actors too). `prefix`:
+    a command that runs train (its arguments follow), e.g. one that gives it a mount namespace."""
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")}
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), os.environ.get("PYTHONPATH")]))
     start = time.perf_counter()
-    proc = subprocess.Popen([str(TRAIN), *overrides, f"hydra.run.dir={run_dir}"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*prefix, str(TRAIN), *overrides, f"hydra.run.dir={run_dir}"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env)
     with PeakMemory(proc.pid) as memory:
         stdout, stderr = proc.communicate(timeout=timeout_s)

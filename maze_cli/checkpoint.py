@@ -24,6 +24,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+from maze_cli.disk import writing
 from maze_cli.errors import CheckpointError, first_line
 
 FORMAT = "maze_cli.checkpoint"
@@ -39,12 +40,18 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     collected later, it writes its closing records there. With one temp name for every save, that
     file could be the one the next save (the checkpoint on the way out) renames to `path`; with a
     name per save it is an orphan, unlinked here, whatever is written to it.
+
+    A full disk raises `DiskFull` naming `path` (torch's message has lost the errno: the filesystem,
+    full at that moment, tells), and the temp file is removed, so `path` stays the last good
+    checkpoint. (torch gets the path, not an open file: a writer left alive as above would write
+    into a closed file when collected, and that aborts the process.)
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{next(_saves)}")
     try:
-        torch.save({"format": FORMAT, "version": VERSION, **payload}, tmp)
-        os.replace(tmp, path)
+        with writing(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"format": FORMAT, "version": VERSION, **payload}, tmp)
+            os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

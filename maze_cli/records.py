@@ -50,15 +50,19 @@ class RolloutSpec:
     n_envs: int
     state: tuple[TensorSpec, ...] = ()  # the policy's recurrent state, per env
 
-    def allocate(self, shared: bool = False, n_slots: int | None = None) -> "Rollout":
-        """A zeroed record; in shared memory when `shared`, so that another process can fill it.
+    def allocate(self, shared: bool = False, n_slots: int | None = None, memory=None) -> "Rollout":
+        """A poisoned record; in shared memory when `shared`, so that another process can fill it.
 
         With `n_slots`, every tensor gets a leading slot dimension (`Rollout.slot(i)` is one
-        record): a whole pool of records lives in a handful of shared-memory blocks.
+        record): a whole pool of records lives in a handful of shared-memory blocks. `memory` (a
+        `maze_cli.parallel.shared_memory.Memory`) says where, when not torch's /dev/shm: each tensor
+        is `memory.tensor(shape, dtype, fill)`, always in the same order.
         """
         slots = () if n_slots is None else (n_slots,)
 
         def empty(leading: tuple[int, ...], spec: TensorSpec) -> torch.Tensor:
+            if memory is not None:
+                return memory.tensor(slots + leading + spec.shape, spec.dtype, poison(spec.dtype))
             tensor = torch.full(slots + leading + spec.shape, poison(spec.dtype), dtype=spec.dtype)
             return tensor.share_memory_() if shared else tensor
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from torch import nn
 
+from maze_cli.disk import DiskFull, writing
 from maze_cli.errors import first_line
 
 log = logging.getLogger("maze_cli")
@@ -48,23 +49,37 @@ def record_episode(env_factory: Callable, policy: nn.Module, seed: int, determin
 
 
 def write_video(frames: list[np.ndarray], path: Path) -> Path:
-    """`path` as MP4 if imageio's ffmpeg plugin is installed, else beside it as a GIF; returns the file written."""
-    global _said_gif
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """`path` as MP4 if imageio's ffmpeg plugin is installed, else beside it as a GIF; returns the file
+    written. A full disk raises `DiskFull` naming the file, and what was written of it is removed."""
+    out = path.with_suffix(".mp4" if _has_mp4_writer() else ".gif")
     try:
-        import imageio.v2 as imageio
+        with writing(out):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if out.suffix == ".mp4":
+                import imageio.v2 as imageio
+
+                imageio.mimwrite(out, frames, fps=FPS, macro_block_size=1)
+            else:
+                out.write_bytes(gif_bytes(frames))
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def _has_mp4_writer() -> bool:
+    """Whether imageio's ffmpeg plugin is installed (said once in the log when it is not)."""
+    global _said_gif
+    try:
+        import imageio.v2  # noqa: F401
         import imageio_ffmpeg  # noqa: F401 - the MP4 writer's backend
 
-        mp4 = path.with_suffix(".mp4")
-        imageio.mimwrite(mp4, frames, fps=FPS, macro_block_size=1)
-        return mp4
+        return True
     except ImportError:
         if not _said_gif:
             log.info("videos are GIFs: MP4 needs imageio and imageio-ffmpeg (pip install 'maze_cli[video]')")
             _said_gif = True
-    gif = path.with_suffix(".gif")
-    gif.write_bytes(gif_bytes(frames))
-    return gif
+        return False
 
 
 def gif_bytes(frames: list[np.ndarray]) -> bytes:
@@ -100,7 +115,11 @@ class EvalVideos:
                         f"no videos, training goes on")
             self.enabled = False
             return None
-        path = write_video(frames, self.directory / f"epoch_{epoch}.mp4")
-        if self.on_video is not None:
-            self.on_video(frames, env_steps)
+        try:  # a picture: a full disk skips it (docs/runs.md says why); the next row or checkpoint stops the run
+            path = write_video(frames, self.directory / f"epoch_{epoch}.mp4")
+            if self.on_video is not None:
+                self.on_video(frames, env_steps)
+        except DiskFull as err:
+            log.warning(f"eval.video=true: the video of epoch {epoch} not written: {err}; skipped, training goes on")
+            return None
         return path

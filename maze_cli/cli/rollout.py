@@ -66,6 +66,7 @@ def _parse(argv: list[str]) -> RolloutConfig:
 
 def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     from maze_cli.checkpoint import load_checkpoint, load_policy
+    from maze_cli.disk import DiskFull, check_writable_dir
     from maze_cli.envs.factory import EnvFactory
     from maze_cli.errors import CheckpointError
     from maze_cli.evaluation import run_episodes
@@ -88,6 +89,9 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     env_factory = EnvFactory.for_policy(env_config, policy_config)
     observation_space, action_space = env_factory.check()
     check_spaces(policy, observation_space, action_space, where)
+    video_path = Path(cfg.video_path) if cfg.video_path else path.parent.parent / "videos" / "rollout.mp4"
+    if cfg.video:  # before the episodes run: a place that cannot be written fails at once
+        check_writable_dir(video_path.parent, f"video_path={video_path}", "choose another with video_path=<file>")
     seeds = derive_seeds(cfg.seed, "rollout_env", cfg.episodes)
     returns, lengths = run_episodes(env_factory, policy, seeds, cfg.deterministic)
     mean = sum(returns) / len(returns)
@@ -101,7 +105,11 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
             frames = record_episode(EnvFactory.for_policy(render_env_config(env_config), policy_config), policy, seeds[0], cfg.deterministic)
         except Exception as err:  # most often a missing renderer (pygame): say so in one line
             raise ConfigError(f"video=true: the env cannot render rgb_array frames ({type(err).__name__}: {first_line(err)})") from None
-        out = write_video(frames, Path(cfg.video_path) if cfg.video_path else path.parent.parent / "videos" / "rollout.mp4")
+        try:
+            out = write_video(frames, video_path)
+        except DiskFull as err:  # the video is all this command writes: it ends in one line
+            raise DiskFull(err.path, f"video_path={video_path}: {err}; free space there or choose another with "
+                                     f"video_path=<file>") from None
         print(f"wrote {out} ({len(frames)} frames)")
     return {"return_mean": mean, "return_std": std}
 

@@ -19,6 +19,7 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from maze_cli.disk import DiskFull, writing
 from maze_cli.stats.plots import read_stats
 
 log = logging.getLogger("maze_cli")
@@ -85,7 +86,7 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
 
 def write_summary_csv(jobs: list[dict[str, Any]], path: Path) -> None:
     fields = ["job", "overrides", "return_key", "best_return", "final_return", "env_steps", "wall_time_s", "objective", "objective_key"]
-    with open(path, "w", newline="") as f:
+    with writing(path), open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(jobs)
@@ -93,10 +94,13 @@ def write_summary_csv(jobs: list[dict[str, Any]], path: Path) -> None:
 
 def write_summary_png(jobs: list[dict[str, Any]], path: Path) -> None:
     fig = summary_figure(jobs)  # selects the Agg backend before pyplot is imported
-    fig.savefig(path, dpi=100)
     import matplotlib.pyplot as plt
 
-    plt.close(fig)
+    try:
+        with writing(path):
+            fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
 
 
 def summary_figure(jobs: list[dict[str, Any]]):
@@ -148,14 +152,28 @@ def _plot_group(ax, curves: list[list[tuple[int, float]]], label: str, colour: s
         ax.fill_between(grid, values.min(0), values.max(0), color=colour, alpha=0.2)
 
 
+# The dir names of this process's jobs that a full disk stopped (train records them; the summary leaves them out).
+STOPPED_BY_FULL_DISK: set[str] = set()
+
+
 class SweepSummary(Callback):
-    """Hydra callback: summarise the sweep once every job has ended."""
+    """Hydra callback: summarise the sweep once every job has ended. A job a full disk stopped is
+    left out (it did not finish; its dir keeps what it wrote), as seen by the jobs this process runs
+    (Hydra's basic launcher; other launchers run jobs elsewhere, and every job with rows is summarised)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        jobs = collect_jobs(sweep_dir) if sweep_dir.is_dir() else []
+        stopped = STOPPED_BY_FULL_DISK
+        jobs = [job for job in (collect_jobs(sweep_dir) if sweep_dir.is_dir() else []) if job["job"] not in stopped]
+        if stopped:
+            log.warning(f"sweep summary: job{'s' if len(stopped) > 1 else ''} {', '.join(sorted(stopped))} left out "
+                        f"(stopped by a full disk)")
         if not jobs:
             return
-        write_summary_csv(jobs, sweep_dir / "summary.csv")
-        write_summary_png(jobs, sweep_dir / "summary.png")
+        try:
+            write_summary_csv(jobs, sweep_dir / "summary.csv")
+            write_summary_png(jobs, sweep_dir / "summary.png")
+        except DiskFull as err:
+            log.warning(f"sweep summary not written: {err}; every job's stats.jsonl is in its dir")
+            return
         log.info(f"sweep summary: {sweep_dir / 'summary.csv'}, {sweep_dir / 'summary.png'}")

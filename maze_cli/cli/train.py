@@ -19,12 +19,14 @@ import hydra
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from maze_cli.cli import leave_quickly
 from maze_cli.cli.errors import explain, exit_code
 from maze_cli.cli.paths import config_dir
 from maze_cli.config.schema import NoEnvError, register_configs, validate
+from maze_cli.disk import DiskFull, check_writable_dir, is_disk_full, is_unwritable, quiet_full_disk_in_log_files, unwritable_message
 from maze_cli.errors import ConfigError, MazeCliError
 
 log = logging.getLogger("maze_cli")
@@ -37,6 +39,8 @@ def _env_options() -> list[str]:
     except Exception:  # outside a Hydra run: the packaged ones
         return sorted(path.stem for path in (config_dir() / "env").glob("*.yaml"))
 
+
+RUN_DIR_FIX = "choose a writable place with hydra.run.dir=<dir> (hydra.sweep.dir=<dir> with -m) or make it writable"
 
 # Keys a resumed run may change; everything else comes from the run's saved config.
 RESUMABLE_KEYS = {"max_env_steps", "max_time_s", "target_return", "target_window", "epoch_length", "eval", "checkpoint",
@@ -86,15 +90,32 @@ def run_train(cfg: DictConfig) -> dict:
             print(finished)  # not logged: train.log stays as it was
             return {"stop_reason": "finished", "env_steps": None, "time_s": 0.0,
                     "objective": objective(Path(settings.train.resume), settings.train)}
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    check_writable_dir(run_dir, "the run dir", RUN_DIR_FIX)
+    quiet_full_disk_in_log_files()
     _warm_up_actor_processes(settings)
     env_factory, observation_space, action_space = _prepare_this_process(settings)
     from maze_cli.cli.build import trusted_targets  # (torch is loaded by now)
 
     config = OmegaConf.to_container(cfg, resolve=True)
     trusted = trusted_targets(config)
-    with contextlib.ExitStack() as closing:  # the other learners, stopped however this function ends
-        group = _start_other_learners(settings, config, closing)
-        return _train(cfg, settings, config, env_factory, observation_space, action_space, trusted, resumed_from, group, started)
+    try:
+        with contextlib.ExitStack() as closing:  # the other learners, stopped however this function ends
+            group = _start_other_learners(settings, config, closing)
+            return _train(cfg, settings, config, env_factory, observation_space, action_space, trusted, resumed_from, group, started)
+    except Exception as err:
+        if is_disk_full(err):
+            raise _stopped_by_full_disk(err, run_dir) from None
+        raise
+
+
+def _stopped_by_full_disk(err: Exception, run_dir: Path) -> DiskFull:
+    """The one line of a run a full disk stopped: the filesystem, the file, and what to do."""
+    full = err if isinstance(err, DiskFull) else DiskFull(getattr(err, "filename", None) or run_dir)
+    last = run_dir / "checkpoints" / "last.pt"
+    then = (f"the last good checkpoint {last} is intact: free space there, then `train resume={run_dir}` continues the run"
+            if last.is_file() else "no checkpoint was written before it: free space there and start the run again")
+    return DiskFull(full.path, f"{full}; training stopped, actors stopped; {then}")
 
 
 def _read_last_checkpoint(t) -> dict:
@@ -143,7 +164,7 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
     from maze_cli.checkpoint import Checkpointer
     from maze_cli.cli.build import build_run, build_trackers
     from maze_cli.envs.spaces import describe_space
-    from maze_cli.stats.writers import ConsoleTable, JsonlWriter, TensorBoardWriter
+    from maze_cli.stats.writers import ConsoleTable, JsonlWriter, TensorBoardWriter, WritesTo
 
     t = settings.train
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -169,7 +190,8 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
         f"{_short(settings.algorithm._target_)} with {_short(settings.runner._target_)}, "
         f"{actors.n_actors} actors x {actors.envs_per_actor} envs{learners}"
     )
-    trackers = build_trackers(settings.logger, run_dir, config)  # last: a failure before it leaves no tracker run open
+    # last: a failure before it leaves no tracker run open; a full disk under its local files reads as for the run's own
+    trackers = [WritesTo(tracker, run_dir) for tracker in build_trackers(settings.logger, run_dir, config)]
     trainer.writers += trackers
     broadcast_first = bool(t.resume or group is not None)  # (several learners: so that their policy versions agree)
     result = _run_to_the_end(run, trainer, checkpointer, files, trackers, run_dir, broadcast_first, callbacks, config)
@@ -252,10 +274,10 @@ def _run_to_the_end(run, trainer, checkpointer, files: list, trackers: list, run
     start; a callback that raises ends the run like a failed learner. Returns the Trainer's result."""
     from maze_cli.callbacks import CallbackFailed
     from maze_cli.distributed import LearnerFailure
-    from maze_cli.stats.plots import start_learning_curve, write_learning_curve
+    from maze_cli.stats.plots import draw_learning_curve, start_learning_curve
     from maze_cli.training import NonFiniteLoss
 
-    curve = None
+    curve, disk_full = None, False
     try:
         if callbacks:
             callbacks.train_start(run_dir, config)
@@ -271,6 +293,9 @@ def _run_to_the_end(run, trainer, checkpointer, files: list, trackers: list, run
             f"{err} in epoch {trainer.epoch + 1} (after {trainer.env_steps:,} env steps); training stopped, {good} "
             f"(try a smaller algorithm.lr)"
         ) from None
+    except DiskFull:  # the actors are stopped by now; no checkpoint on the way out: the disk has no room for it
+        disk_full = True
+        raise
     except KeyboardInterrupt:
         checkpointer.save_last("interrupted")
         log.info("interrupted: actors stopped, checkpoints/last.pt written")
@@ -283,15 +308,27 @@ def _run_to_the_end(run, trainer, checkpointer, files: list, trackers: list, run
         raise LearnerFailure(f"{err}; the run stopped after {trainer.env_steps:,} env steps, checkpoints/last.pt written: "
                              f"train resume={run_dir} continues it") from None
     finally:
-        for writer in files:
-            writer.close()
-        if curve is None:
-            write_learning_curve(run_dir)
-        else:
+        _close(files, failing=sys.exc_info()[1] is not None)
+        if curve is not None:
             curve.join()
-        for tracker in trackers:  # after the curve: a tracker may upload it
-            tracker.close()
+        elif not disk_full:
+            draw_learning_curve(run_dir)
+        _close(trackers, failing=sys.exc_info()[1] is not None)  # after the curve: a tracker may upload it
     return result
+
+
+def _close(writers: list, failing: bool) -> None:
+    """Close every writer. With an error on its way out (`failing`), a writer that fails to close
+    (most often the same full disk) is only logged, so the error that stopped the run is the one said."""
+    first = None
+    for writer in writers:
+        try:
+            writer.close()
+        except Exception as err:  # noqa: BLE001 - each writer closed whatever the others do
+            log.debug(f"closing {type(writer).__name__} failed", exc_info=True)
+            first = first or err
+    if first is not None and not failing:
+        raise first
 
 
 def _start_other_learners(settings, config: dict, closing: contextlib.ExitStack):
@@ -433,6 +470,8 @@ def _short(target: str) -> str:
 
 
 _FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
+_failed_jobs: list[int] = []  # the jobs of a sweep a full disk stopped
+_task_started = False  # whether Hydra called the task (its errors before are its own writes: the run dir, train.log)
 
 
 def _exit_on_user_error(err: Exception) -> None:
@@ -440,6 +479,10 @@ def _exit_on_user_error(err: Exception) -> None:
     if isinstance(err, ConfigCompositionException) and "${env}" in str(err):  # train.yaml's tuning entry names the env
         err = NoEnvError(_env_options())
     message = None if _FULL_ERROR else explain(err, sys.argv[1:])
+    unwritable = None if _task_started else is_unwritable(err)  # Hydra's own writes, before the task: the run dir
+    if unwritable is not None and not _FULL_ERROR:
+        message = unwritable_message("the run dir", unwritable, RUN_DIR_FIX)
+        err = ConfigError(message)
     if message is not None:
         print(f"train: error: {message}", file=sys.stderr)
         sys.exit(exit_code(err))
@@ -468,12 +511,26 @@ def _discard_unused_run_dir() -> None:
 def _hydra_train(cfg: DictConfig) -> float:
     """The run's objective as a float (`sweep.objective`), which Hydra's sweepers (Optuna's) optimize."""
     # Errors are reported here, inside the job, so Hydra adds no lines of its own to the message.
+    global _task_started
+    _task_started = True
     try:
         return run_train(cfg)["objective"]
     except ConfigError as err:
         _discard_unused_run_dir()
         _exit_on_user_error(err)
         raise
+    except DiskFull as err:
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            _exit_on_user_error(err)
+            raise
+        # A sweep goes on with its other jobs (each has a dir of its own, maybe on another disk); the
+        # summary leaves this one out, and the command exits non-zero at the end.
+        print(f"train: error: job {HydraConfig.get().job.num}: {err}", file=sys.stderr)
+        _failed_jobs.append(HydraConfig.get().job.num)
+        from maze_cli.cli.sweep import STOPPED_BY_FULL_DISK
+
+        STOPPED_BY_FULL_DISK.add(Path(HydraConfig.get().runtime.output_dir).name)
+        return float("nan")  # no objective: a sweeper records the trial as failed
     except Exception as err:
         _exit_on_user_error(err)
         raise
@@ -498,6 +555,8 @@ def main() -> None:
         sys.argv.append("tuning=none")
     try:
         _hydra_train()
+        if _failed_jobs:
+            sys.exit(1)
     except KeyboardInterrupt as interrupt:
         sys.exit(143 if isinstance(interrupt, Terminated) else 130)
     except Exception as err:

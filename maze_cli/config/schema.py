@@ -304,6 +304,9 @@ class SubprocRunnerConfig(SequentialRunnerConfig):
     # it bounds policy lag
     queue_out_of_sync_factor: float = _f(1.0, gt=0)
     start_method: Optional[str] = _f(None, choices=START_METHODS)  # null: forkserver where available
+    # where the rollout slots and weights the actors share live: shm (/dev/shm), file (a nameless file in the temp
+    # dir, TMPDIR, mapped by every process), or auto: /dev/shm when it holds them, else a file with a warning
+    shared_memory: str = _f("auto", choices=("auto", "shm", "file"))
 
 
 @dataclass

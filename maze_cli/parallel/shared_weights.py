@@ -3,8 +3,18 @@ when the version changed."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
+
+from maze_cli.parallel.shared_memory import Memory, SharedTensors, ShmMemory, size_in_file
+
+
+def _allocate(layout: list[tuple[str, tuple[int, ...], torch.dtype]], memory: Memory) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The weights' tensors (zeros) and the sequence counter, in `memory`."""
+    tensors = {key: memory.tensor(shape, dtype, 0) for key, shape, dtype in layout}
+    return tensors, memory.tensor((1,), torch.int64, 0)
 
 
 class SharedWeights:
@@ -15,9 +25,27 @@ class SharedWeights:
     killed in the middle of a read cannot block the learner. The policy version is counter / 2.
     """
 
-    def __init__(self, module: nn.Module) -> None:
-        self.tensors = {k: v.detach().clone().share_memory_() for k, v in module.state_dict().items()}
-        self._sequence = torch.zeros(1, dtype=torch.int64).share_memory_()
+    def __init__(self, module: nn.Module, memory: Memory | None = None) -> None:
+        """In /dev/shm, or in `memory` (a file: see maze_cli.parallel.shared_memory)."""
+        state = module.state_dict()
+        layout = [(k, tuple(v.shape), v.dtype) for k, v in state.items()]
+        self._shared = SharedTensors(functools.partial(_allocate, layout), memory or ShmMemory())
+        self.tensors, self._sequence = self._shared.value
+        for key, tensor in self.tensors.items():
+            tensor.copy_(state[key].detach())
+
+    @staticmethod
+    def size_in_file(module: nn.Module) -> int:
+        """Bytes the weights of `module` take in a file."""
+        layout = [(k, tuple(v.shape), v.dtype) for k, v in module.state_dict().items()]
+        return size_in_file([functools.partial(_allocate, layout)])
+
+    def __getstate__(self) -> dict:
+        return {"_shared": self._shared}
+
+    def __setstate__(self, state: dict) -> None:
+        self._shared = state["_shared"]
+        self.tensors, self._sequence = self._shared.value
 
     @property
     def version(self) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
@@ -28,6 +29,7 @@ from torch import nn
 from maze_cli.parallel.actor_loop import Actor
 from maze_cli.parallel.distributed_actors import DistributedActors, takes_actor_options
 from maze_cli.parallel.requests import OpenRequests
+from maze_cli.parallel.shared_memory import CHOICES, SharedTensors, memory_for, place, size_in_file
 from maze_cli.parallel.shared_weights import SharedWeights
 from maze_cli.records import Rollout, RolloutSpec
 from maze_cli.start_methods import check_start_method, warm_up_start_method
@@ -60,12 +62,17 @@ def _get(connection, stop_event):
     return None
 
 
+def _allocate_slots(spec: RolloutSpec, n_slots: int, memory) -> Rollout:
+    """The pool of `n_slots` rollout records in `memory` (a function, so a child can map it again)."""
+    return spec.allocate(n_slots=n_slots, memory=memory)
+
+
 def actor_process(
     index: int,
     env_factory: Callable[[], gym.Env],
     policy: nn.Module,
     spec: RolloutSpec,
-    slots: Rollout,
+    slots: SharedTensors,
     requests,
     outbox,
     weights: SharedWeights,
@@ -81,6 +88,7 @@ def actor_process(
     `generation` counts the actor's restarts; its error report carries it, so that a report from a
     process the learner already replaced is not counted twice."""
     torch.set_num_threads(1)
+    slots = slots.value  # the pool of rollout slots, mapped from /dev/shm or the learner's file
     actor = None
     slot = None  # the slot this actor holds, handed back with an error report
     try:
@@ -124,6 +132,9 @@ class SubprocDistributedActors(DistributedActors):
         broadcast it hands out `batch_size` of them, so an actor waits for the next broadcast once
         its requests are done, and a restarted actor's requests go to the others.
     :param start_method: one of `multiprocessing.get_all_start_methods()`; forkserver by default.
+    :param shared_memory: where the rollout slots and weights live: `shm` (/dev/shm), `file` (a file in
+        the temp dir, mapped by every process), or `auto`: /dev/shm if it has the room, else a file
+        with a warning (see maze_cli.parallel.shared_memory).
     :param options: DistributedActors' (`max_restarts`: a failed actor's slots come back to the pool).
     """
 
@@ -137,12 +148,16 @@ class SubprocDistributedActors(DistributedActors):
         batch_size: int,
         queue_out_of_sync_factor: float = 1.0,
         start_method: str | None = None,
+        shared_memory: str = "auto",
         **options: Any,
     ):
         super().__init__(env_factory, policy, n_rollout_steps, n_actors, batch_size, **options)
         if queue_out_of_sync_factor <= 0:
             raise ValueError("queue_out_of_sync_factor must be positive")
         self.start_method = check_start_method(start_method)
+        if shared_memory not in CHOICES:
+            raise ValueError(f"shared_memory must be one of {', '.join(CHOICES)}, not {shared_memory!r}")
+        self.shared_memory = shared_memory
         self.queue_size = max(1, round(queue_out_of_sync_factor * batch_size))
         self.processes: list[mp.Process] = []
         self._stopped = True
@@ -152,9 +167,16 @@ class SubprocDistributedActors(DistributedActors):
         warm_up_start_method(self.start_method)
         # on-policy: one batch requested at a time; else the queue bound plus one being filled per actor
         n_slots = self.batch_size + self.n_actors if self.on_policy else self.queue_size + self.n_actors
-        self.slots = self.rollout_spec.allocate(shared=True, n_slots=n_slots)
+        allocate_slots = functools.partial(_allocate_slots, self.rollout_spec, n_slots)
+        slots_bytes = size_in_file([allocate_slots])
+        needed = slots_bytes + SharedWeights.size_in_file(self.policy)
+        directory = place(self.shared_memory, needed, "runner.envs_per_actor, algorithm.n_rollout_steps or runner.n_actors")
+        self._memories = [memory_for(directory, slots_bytes), memory_for(directory, needed - slots_bytes)]
+        self._slots = SharedTensors(allocate_slots, self._memories[0])
+        self.slots = self._slots.value
         total = self.slots.nbytes
-        log.info(f"shared memory: {total / n_slots / 2**20:.2f} MiB per rollout slot, {n_slots} slots, {total / 2**20:.1f} MiB in all")
+        log.info(f"shared memory{'' if directory is None else f' (a file in {directory})'}: {total / n_slots / 2**20:.2f} MiB per "
+                 f"rollout slot, {n_slots} slots, {total / 2**20:.1f} MiB in all")
         # Each actor's own channels: its requests (slots to fill) and its pipe back; the learner's
         # bookkeeping: slots not handed out, each actor's open requests (slot -> policy version and
         # time of the request), and messages received but not yet taken.
@@ -164,7 +186,7 @@ class SubprocDistributedActors(DistributedActors):
         self._idle_slots = list(range(n_slots))
         self._open = OpenRequests(self.n_actors)
         self._received: collections.deque = collections.deque()
-        self.weights = SharedWeights(self.policy)
+        self.weights = SharedWeights(self.policy, self._memories[1])
         self.stop_event = self._ctx.Event()
         self._policy_copy = copy.deepcopy(self.policy)
         self._stopped = False
@@ -187,7 +209,7 @@ class SubprocDistributedActors(DistributedActors):
             target=actor_process,
             name=f"maze-actor-{index}",
             args=(
-                index, self.env_factory, self._policy_copy, self.rollout_spec, self.slots, self._request_readers[index], outbox,
+                index, self.env_factory, self._policy_copy, self.rollout_spec, self._slots, self._request_readers[index], outbox,
                 self.weights, self.stop_event, env_seed, agent_seed, self.initial_policy, self.actor_restarts[index],
             ),
             daemon=True,
@@ -242,6 +264,8 @@ class SubprocDistributedActors(DistributedActors):
         for index in range(self.n_actors):
             self._close_channels(index)
         self.processes = []
+        for memory in self._memories:  # a file's descriptor; its mapping lives on in the learner's tensors
+            getattr(memory, "close", lambda: None)()
 
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.policy_version = self.weights.publish(state_dict)

@@ -6,6 +6,7 @@ import logging
 import threading
 from pathlib import Path
 
+from maze_cli.disk import DiskFull, writing
 from maze_cli.stats.writers import read_rows
 
 log = logging.getLogger("maze_cli")
@@ -39,10 +40,25 @@ def write_learning_curve(run_dir: Path) -> Path | None:
     fig.tight_layout()
     out = run_dir / "learning_curve.png"
     tmp = out.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(out)
+    try:
+        with writing(out):
+            fig.savefig(tmp, dpi=100)
+            tmp.replace(out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
     return out
+
+
+def draw_learning_curve(run_dir: Path) -> None:
+    """`write_learning_curve`, where a curve that cannot be drawn (matplotlib, a full disk) costs a
+    warning, never the run: it is a picture of stats.jsonl, which is already saved."""
+    try:
+        write_learning_curve(run_dir)
+    except Exception as err:  # noqa: BLE001
+        log.warning(f"learning_curve.png not written: {err if isinstance(err, DiskFull) else f'{type(err).__name__}: {err}'}")
 
 
 def start_learning_curve(run_dir: Path) -> threading.Thread:
@@ -50,12 +66,6 @@ def start_learning_curve(run_dir: Path) -> threading.Thread:
     while the actors stop (which is mostly waiting), so the command ends sooner. Join it before
     the command ends. A curve that cannot be drawn costs a warning, never the finished run."""
 
-    def draw() -> None:
-        try:
-            write_learning_curve(run_dir)
-        except Exception as err:  # matplotlib, a full disk: the run's results are already saved
-            log.warning(f"learning_curve.png not written: {type(err).__name__}: {err}")
-
-    thread = threading.Thread(target=draw, name="learning-curve")
+    thread = threading.Thread(target=draw_learning_curve, args=(run_dir,), name="learning-curve")
     thread.start()
     return thread

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from maze_cli.disk import writing
+
 log = logging.getLogger("maze_cli")
 
 
@@ -57,11 +59,13 @@ class JsonlWriter:
         return sum(1 for _, row in rows if row is not None) - len(kept)
 
     def write(self, stats: dict[str, Any]) -> None:
-        self.file.write(json.dumps(stats, allow_nan=False, default=float) + "\n")
-        self.file.flush()
+        with writing(self.path):
+            self.file.write(json.dumps(stats, allow_nan=False, default=float) + "\n")
+            self.file.flush()
 
     def close(self) -> None:
-        self.file.close()
+        with writing(self.path):
+            self.file.close()
 
 
 class TensorBoardWriter:
@@ -85,7 +89,8 @@ class TensorBoardWriter:
         for key, value in stats.items():
             if key != "env_steps" and isinstance(value, (int, float)) and math.isfinite(value):
                 self.writer.add_scalar(key, value, global_step=step)
-        self.writer.flush()
+        with writing(self.log_dir):
+            self.writer.flush()
 
     def add_video(self, tag: str, frames: list, step: int) -> None:
         """An animated GIF in TensorBoard's images tab (what SummaryWriter.add_video writes, without moviepy)."""
@@ -96,10 +101,28 @@ class TensorBoardWriter:
         height, width, channels = frames[0].shape
         image = Summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=gif_bytes(frames))
         self.writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), global_step=step)
-        self.writer.flush()
+        with writing(self.log_dir):
+            self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        with writing(self.log_dir):
+            self.writer.close()
+
+
+class WritesTo:
+    """A writer whose library writes files of its own under `path` (a tracker's local store): a
+    full disk there comes out as `DiskFull`, as for the run's own files."""
+
+    def __init__(self, writer: StatsWriter, path: Path):
+        self.writer, self.path = writer, path
+
+    def write(self, stats: dict[str, Any]) -> None:
+        with writing(self.path):
+            self.writer.write(stats)
+
+    def close(self) -> None:
+        with writing(self.path):
+            self.writer.close()
 
 
 # (stat key, column title, format) of the console table; a key "a|b" shows the first one present.
