@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from maze_cli.envs.factory import EnvConfigError, EnvFactory
+from maze_cli.envs.factory import OWN_KEYS, EnvConfigError, EnvFactory
 from tests.cli import REPO, run_train
 from tests.test_train import read_stats
 
@@ -92,7 +92,7 @@ def test_both_backends_give_the_same_frames_rewards_and_episode_ends():
     envpool's autoreset: reward 0, and the new episode's first observation, which is gymnasium's reset."""
     from maze_cli.envs.atari import make_atari, make_atari_vector
 
-    settings = {k: v for k, v in {**atari().config, **DETERMINISTIC}.items() if k not in ("_target_", "reward_clip")}
+    settings = {k: v for k, v in {**atari().config, **DETERMINISTIC}.items() if k not in ("_target_", *OWN_KEYS)}
     n = 2
     singles = [make_atari(**settings) for _ in range(n)]
     pool = make_atari_vector(n, **{**settings, "backend": "envpool"})
