@@ -102,7 +102,7 @@ def test_the_learners_loss_ignores_every_step_of_a_finished_agent(learner):
 def test_a_shared_policy_learns_the_cooperative_env(tmp_path, algorithm, runner):
     """Each agent must repeat a bit only it sees: random play earns half the team's best (8 per agent)."""
     run_dir = tmp_path / "run"
-    result = run_train(*team_config(tmp_path), f"algorithm={algorithm}", f"runner={runner}", "max_env_steps=40000",
+    result = run_train(*team_config(tmp_path), f"algorithm={algorithm}", f"runner={runner}", "max_env_steps=40000", "epoch_length=10",
                        "eval.episodes=4", "seed=1", run_dir=run_dir, timeout=240)
     assert result.returncode == 0, result.stderr
     rows = read_stats(run_dir)
