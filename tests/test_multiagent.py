@@ -149,3 +149,10 @@ def test_a_pettingzoo_aec_env_runs_an_epoch(tmp_path):
     last = read_stats(run_dir)[-1]
     assert {f"env/agent/agent_{i}/return" for i in range(3)} <= set(last)
     assert last["train/episode_length_mean"] == 25
+
+
+def test_sac_with_a_multiagent_env_is_one_line(tmp_path):
+    result = run_train(*team_config(tmp_path), "algorithm=sac", "runner=sequential", run_dir=tmp_path / "run")
+    assert result.returncode != 0
+    assert result.stderr.strip() == ("train: error: algorithm=sac: a multi-agent (PettingZoo) env trains with algorithm=impala, "
+                                     "appo or ppo; SAC's replay buffer takes single-agent envs only")
