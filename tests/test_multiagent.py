@@ -115,8 +115,9 @@ def test_a_shared_policy_learns_the_cooperative_env(tmp_path, algorithm, runner)
 
 def test_rollout_plays_all_agents(tmp_path):
     run_dir = tmp_path / "run"
-    assert run_train(*team_config(tmp_path), "runner=sequential", "max_env_steps=30000", "eval.episodes=2",
-                     run_dir=run_dir).returncode == 0
+    trained = run_train(*team_config(tmp_path), "runner=sequential", "max_env_steps=30000", "eval.episodes=2", run_dir=run_dir)
+    assert trained.returncode == 0, trained.stderr
+    assert "   return     team ret(win)" in trained.stdout + trained.stderr  # the console's team return column
     rollout = Path(run_train.__globals__["TRAIN"]).with_name("rollout")
     proc = subprocess.run([str(rollout), f"checkpoint={run_dir / 'checkpoints' / 'best.pt'}", "episodes=3",
                            "allow=[tests.envs.signal_team_env]"], capture_output=True, text=True, timeout=120,
