@@ -261,9 +261,10 @@ class ScaledReward(gym.RewardWrapper):
         return reward * self.scale
 
 
-def signal_team_env(length: int = 8, n_agents: int = 2, leave_at: int | None = None, differing_spaces: bool = False):
+def signal_team_env(length: int = 8, n_agents: int = 2, leave_at: int | None = None, differing_spaces: bool = False,
+                    opposite: bool = False):
     """A `SignalTeamEnv` (built by a function, so that pettingzoo is imported only where it is used)."""
-    return _signal_team_class()(length, n_agents, leave_at, differing_spaces)
+    return _signal_team_class()(length, n_agents, leave_at, differing_spaces, opposite)
 
 
 def _signal_team_class():
@@ -275,16 +276,23 @@ def _signal_team_class():
         the team's reward. A shared policy reaches a team return of `length` (each agent's return is the
         team's); random play gets half. `leave_at`: the last agent is done (terminated) after that many
         steps while the others play on; during those steps its observation's second entry is 5 (outside
-        what a live agent sees), so a test can tell a finished agent's rows."""
+        what a live agent sees), so a test can tell a finished agent's rows. `opposite`: the last agent
+        earns by answering the opposite of its bit, which a policy that cannot tell the agents apart
+        cannot learn for both."""
 
         metadata = {"name": "signal_team_v0"}
 
-        def __init__(self, length: int, n_agents: int, leave_at: int | None, differing_spaces: bool):
+        def __init__(self, length: int, n_agents: int, leave_at: int | None, differing_spaces: bool, opposite: bool):
             self.length, self.leave_at = length, leave_at
-            self.possible_agents = [f"agent_{i}" for i in range(n_agents)]
+            self.flipped = self.possible_agents_of(n_agents)[-1] if opposite else None
+            self.possible_agents = self.possible_agents_of(n_agents)
             self._observation = {a: gym.spaces.Box(0.0, 5.0, (2 + (differing_spaces and i == 1),), np.float32)
                                  for i, a in enumerate(self.possible_agents)}
             self._rng = np.random.default_rng()
+
+        @staticmethod
+        def possible_agents_of(n_agents):
+            return [f"agent_{i}" for i in range(n_agents)]
 
         def observation_space(self, agent):
             return self._observation[agent]
@@ -306,7 +314,7 @@ def _signal_team_class():
         def step(self, actions):
             if set(actions) != set(self.agents):
                 raise ValueError(f"actions for {sorted(actions)}, but the agents are {sorted(self.agents)}")
-            team = sum(float(actions[a] == self.bits[a]) for a in self.agents) / len(self.possible_agents)
+            team = sum(float((actions[a] == self.bits[a]) != (a == self.flipped)) for a in self.agents) / len(self.possible_agents)
             self.t += 1
             leaving = self.possible_agents[-1] if self.leave_at is not None and self.t == self.leave_at else None
             terminated = {a: self.t >= self.length or a == leaving for a in self.agents}

@@ -113,6 +113,15 @@ def test_a_shared_policy_learns_the_cooperative_env(tmp_path, algorithm, runner)
     assert rows[0]["env/agent/agent_0/return"] < last["env/agent/agent_0/return"]
 
 
+def test_ray_actors_step_a_multiagent_env(tmp_path):
+    pytest.importorskip("ray")
+    run_dir = tmp_path / "run"
+    result = run_train(*team_config(tmp_path), "runner=ray", "max_env_steps=20000", "eval.episodes=2", run_dir=run_dir,
+                       env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+    assert result.returncode == 0, result.stderr
+    assert {"env/team_return", "env/agent/agent_1/return"} <= set(read_stats(run_dir)[-1])
+
+
 def test_rollout_plays_all_agents(tmp_path):
     run_dir = tmp_path / "run"
     trained = run_train(*team_config(tmp_path), "runner=sequential", "max_env_steps=30000", "eval.episodes=2", run_dir=run_dir)
@@ -157,3 +166,25 @@ def test_sac_with_a_multiagent_env_is_one_line(tmp_path):
     assert result.returncode != 0
     assert result.stderr.strip() == ("train: error: algorithm=sac: a multi-agent (PettingZoo) env trains with algorithm=impala, "
                                      "appo or ppo; SAC's replay buffer takes single-agent envs only")
+
+
+def test_the_agent_id_key_lets_a_shared_policy_act_per_agent(tmp_path):
+    """agent_1 must answer the opposite of its bit: without its index a shared policy cannot serve both
+    agents (4 of 8 per agent in expectation), with it the team reaches the maximum."""
+    factory = EnvFactory({**TEAM, "agent_id": True})
+    observation_space, _ = factory.check()
+    assert set(observation_space.spaces) == {"obs", "agent_id"}
+    returns = {}
+    for agent_id, steps in (("false", 40000), ("true", 150000)):
+        run_dir = tmp_path / f"run_{agent_id}"
+        result = run_train(*team_config(tmp_path, opposite="true", agent_id=agent_id), "algorithm=impala", "runner=sequential",
+                           f"max_env_steps={steps}", "eval.episodes=8", "seed=1", run_dir=run_dir, timeout=240)
+        assert result.returncode == 0, result.stderr
+        returns[agent_id] = read_stats(run_dir)[-1]["eval/return_mean"]
+    assert returns["false"] <= 6.0 and returns["true"] >= 7.5, returns
+
+
+def test_agent_id_on_a_single_agent_env_is_one_line(tmp_path):
+    result = run_train("+env=cartpole", "+env.agent_id=true", run_dir=tmp_path / "run")
+    assert result.returncode != 0
+    assert "env.agent_id" in result.stderr and result.stderr.strip().count("\n") == 0

@@ -12,7 +12,7 @@ import gymnasium as gym
 
 from maze_cli.envs.core_inputs import PreviousActionReward, adds_inputs
 from maze_cli.envs.info_stats import as_number, check_info_stats
-from maze_cli.envs.multiagent import agent_spaces, as_parallel, is_multiagent, team_info_stats
+from maze_cli.envs.multiagent import AgentIdObservation, agent_spaces, as_parallel, is_multiagent, team_info_stats
 from maze_cli.envs.spaces import UnsupportedSpaceError, action_spec, observation_specs
 from maze_cli.envs.wrappers import apply_wrappers, wrapper_specs
 from maze_cli.errors import ConfigError, first_line
@@ -40,7 +40,7 @@ _plain_warnings()
 # Keys of an env config that configure maze_cli rather than the env itself.
 ID_KEYS = ("id", "kwargs", "max_episode_steps", "vectorize", "register", "check", "reward_clip", "obs_keys", "core_inputs",
            "info_stats", "wrappers")
-OWN_KEYS = ("check", "reward_clip", "obs_keys", "core_inputs", "info_stats", "wrappers")  # keys of any env config that maze_cli reads (never passed to the env)
+OWN_KEYS = ("check", "reward_clip", "obs_keys", "core_inputs", "info_stats", "wrappers", "agent_id")  # keys of any env config that maze_cli reads (never passed to the env)
 # Optional extras that bring env packages, by the module an env config registers its ids from.
 EXTRAS = {"minatar": "minatar", "ale_py": "atari", "minigrid": "minigrid"}
 # Env id prefixes whose ids exist only once their package is imported (gymnasium 1.x loads no plugins).
@@ -86,6 +86,8 @@ class EnvFactory:
     (`maze_cli.envs.wrappers`); they come before `obs_keys` and `core_inputs`.
     `info_stats` (either kind): `{info key: reduction}`, the env statistics the actors and evaluation
     follow (`maze_cli.envs.info_stats`).
+    `agent_id` (a `_target_` that returns a PettingZoo env): each agent's observation also holds its
+    index, one-hot, under the key `agent_id` (`maze_cli.envs.multiagent`).
     """
 
     config: Mapping[str, Any]
@@ -142,7 +144,7 @@ class EnvFactory:
         env = self._build()
         if not is_multiagent(env):
             raise EnvConfigError(f"env._target_={self.config.get('_target_')}: not a PettingZoo env")
-        return as_parallel(env)
+        return AgentIdObservation(as_parallel(env)) if self.config.get("agent_id") else as_parallel(env)
 
     @cached_property
     def agents(self) -> tuple[str, ...] | None:
@@ -153,6 +155,8 @@ class EnvFactory:
         env = self._build()
         try:
             if not is_multiagent(env):
+                if self.config.get("agent_id"):
+                    raise EnvConfigError("env.agent_id=true: the env is not a multi-agent (PettingZoo) env; leave env.agent_id out")
                 return None
             for key in ("wrappers", "obs_keys", "core_inputs"):
                 if self.config.get(key):

@@ -70,6 +70,53 @@ def agent_spaces(env: Any, what: str) -> tuple[gym.Space, gym.Space]:
     return observation_space, action_space
 
 
+AGENT_ID_KEY = "agent_id"
+
+
+class AgentIdObservation:
+    """A `ParallelEnv` whose agents' observations also hold their agent's index, one-hot, under
+    `agent_id` (`env.agent_id=true`): the shared policy can then act differently per agent. A Dict
+    observation gets the key beside its own; any other becomes `{obs: ..., agent_id: ...}`."""
+
+    def __init__(self, env: Any):
+        self.env = env
+        self.possible_agents = list(env.possible_agents)
+        n = len(self.possible_agents)
+        self._one_hot = {a: np.eye(n, dtype=np.float32)[i] for i, a in enumerate(self.possible_agents)}
+        self._spaces = {a: self._space(env.observation_space(a), n) for a in self.possible_agents}
+
+    @staticmethod
+    def _space(space: gym.Space, n: int) -> gym.spaces.Dict:
+        own = dict(space.spaces) if isinstance(space, gym.spaces.Dict) else {"obs": space}
+        if AGENT_ID_KEY in own:
+            raise ConfigError(f"env.agent_id=true: the observation already has a key {AGENT_ID_KEY}; leave env.agent_id out")
+        return gym.spaces.Dict({**own, AGENT_ID_KEY: gym.spaces.Box(0.0, 1.0, (n,), np.float32)})
+
+    @property
+    def agents(self) -> list[str]:
+        return self.env.agents
+
+    def observation_space(self, agent: str) -> gym.spaces.Dict:
+        return self._spaces[agent]
+
+    def action_space(self, agent: str) -> gym.Space:
+        return self.env.action_space(agent)
+
+    def _with_id(self, observations: dict[str, Any]) -> dict[str, Any]:
+        return {a: {**(o if isinstance(o, dict) else {"obs": o}), AGENT_ID_KEY: self._one_hot[a]} for a, o in observations.items()}
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        observations, infos = self.env.reset(seed=seed, options=options)
+        return self._with_id(observations), infos
+
+    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        observations, *rest = self.env.step(actions)
+        return (self._with_id(observations), *rest)
+
+    def close(self) -> None:
+        self.env.close()
+
+
 class MultiAgentBatch:
     """`n_rows` rows for an actor: `n_rows // N` parallel envs of N agents each, agent k of env e in row
     `e * N + k`; rows left over (where N does not divide `n_rows`) are always autoreset steps.
