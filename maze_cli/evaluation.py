@@ -45,7 +45,7 @@ def run_episodes(
     if getattr(env_factory, "agents", None):
         from maze_cli.envs.multiagent import run_team_episodes
 
-        return run_team_episodes(env_factory.parallel_env, policy, seeds, deterministic, device, episode_info,
+        return run_team_episodes(env_factory.parallel_env, len(env_factory.agents), policy, seeds, deterministic, device, episode_info,
                                  f"env._target_={env_factory.describe()}")
     envs = [env_factory() for _ in seeds]
     try:

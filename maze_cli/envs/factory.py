@@ -150,7 +150,7 @@ class EnvFactory:
     def agents(self) -> tuple[str, ...] | None:
         """The possible agents of a multi-agent (PettingZoo) env, None for a single-agent one. An env by
         id is a gymnasium env; a `_target_` is built once (per process) to find out."""
-        if self.config.get("_target_") is None:
+        if self.config.get("_target_") is None or self._builds_a_gym_env():
             return None
         env = self._build()
         try:
@@ -210,6 +210,17 @@ class EnvFactory:
             raise EnvConfigError(message) from None
         if callable(getattr(module, "register_envs", None)):
             module.register_envs()
+
+    def _builds_a_gym_env(self) -> bool:
+        """Whether the `_target_` is a gymnasium.Env class or builds vector envs too: then no env is built
+        to find out whether it is a multi-agent one."""
+        from hydra.utils import get_object
+
+        try:
+            target = get_object(self.config["_target_"])
+        except Exception:  # noqa: BLE001 - building the env names the problem
+            return False
+        return (isinstance(target, type) and issubclass(target, gym.Env)) or isinstance(target, VectorizedEnvTarget)
 
     def _vector_target(self) -> VectorizedEnvTarget | None:
         """The `_target_` callable if it builds vector envs too."""

@@ -140,7 +140,8 @@ class MultiAgentBatch:
         self.writer = ObservationWriter(self.observation_space)
         self.returns = np.zeros((len(self.envs), n_agents))
         self.alive = np.zeros((len(self.envs), n_agents), dtype=bool)
-        self.observations: list[Any] = [self.observation_space.sample() for _ in range(n_rows)]  # padding rows keep theirs
+        self.observation_space.seed(0)  # padding rows keep these: the same in every run
+        self.observations: list[Any] = [self.observation_space.sample() for _ in range(n_rows)]
 
     def reset(self, seed: int) -> list[Any]:
         for e, (env, s) in enumerate(zip(self.envs, derive_seeds(seed, "env", len(self.envs)))):
@@ -206,15 +207,12 @@ class MultiAgentBatch:
             env.close()
 
 
-def run_team_episodes(make_env: Callable[[], Any], policy: torch.nn.Module, seeds: list[int], deterministic: bool,
+def run_team_episodes(make_env: Callable[[], Any], n_agents: int, policy: torch.nn.Module, seeds: list[int], deterministic: bool,
                       device: str | torch.device, episode_info: Any, what: str) -> tuple[list[float], list[int]]:
     """One episode of a multi-agent env per seed, all agents acting with `policy` in one batched forward
     pass per step (evaluation and `rollout`). Returns each agent's episode return (the mean is comparable
     with training's `train/episode_return`) and each episode's length; `episode_info` (one column per
     seed) gets the team's statistics."""
-    probe = make_env()
-    n_agents = len(probe.possible_agents)
-    probe.close()
     batch = MultiAgentBatch(make_env, len(seeds) * n_agents, what)
     try:
         for e, (env, seed) in enumerate(zip(batch.envs, seeds)):
