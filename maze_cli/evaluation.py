@@ -46,7 +46,7 @@ def run_episodes(
         from maze_cli.envs.multiagent import run_team_episodes
 
         return run_team_episodes(env_factory.parallel_env, len(env_factory.agents), policy, seeds, deterministic, device, episode_info,
-                                 f"env._target_={env_factory.describe()}")
+                                 f"env._target_={env_factory.describe()}", on_frame)
     envs = [env_factory() for _ in seeds]
     try:
         writer = ObservationWriter(envs[0].observation_space)

@@ -150,15 +150,18 @@ def test_fewer_envs_per_actor_than_agents_is_one_line(tmp_path):
 
 
 def test_a_pettingzoo_aec_env_runs_an_epoch(tmp_path):
-    """MPE's simple_spread (3 agents, its AEC form: converted with aec_to_parallel) from the mpe2 package."""
+    """MPE's simple_spread (3 agents, its AEC form: converted with aec_to_parallel) from the mpe2 package,
+    with an evaluation video."""
     pytest.importorskip("mpe2")
     run_dir = tmp_path / "run"
     result = run_train(*env_config(tmp_path, _target_="mpe2.simple_spread_v3.env", max_cycles=25), "algorithm=ppo",
-                       "runner=sequential", "max_env_steps=5000", "eval.episodes=2", run_dir=run_dir)
+                       "runner=sequential", "max_env_steps=5000", "eval.episodes=2", "eval.video=true", run_dir=run_dir)
     assert result.returncode == 0, result.stderr
     last = read_stats(run_dir)[-1]
     assert {f"env/agent/agent_{i}/return" for i in range(3)} <= set(last)
     assert last["train/episode_length_mean"] == 25
+    videos = list((run_dir / "videos").iterdir())  # evaluation's video: all agents in MPE's own rendering
+    assert len(videos) == 1 and videos[0].stat().st_size > 1000
 
 
 def test_sac_with_a_multiagent_env_is_one_line(tmp_path):

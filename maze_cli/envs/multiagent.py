@@ -113,6 +113,9 @@ class AgentIdObservation:
         observations, *rest = self.env.step(actions)
         return (self._with_id(observations), *rest)
 
+    def render(self) -> Any:
+        return self.env.render()
+
     def close(self) -> None:
         self.env.close()
 
@@ -208,11 +211,13 @@ class MultiAgentBatch:
 
 
 def run_team_episodes(make_env: Callable[[], Any], n_agents: int, policy: torch.nn.Module, seeds: list[int], deterministic: bool,
-                      device: str | torch.device, episode_info: Any, what: str) -> tuple[list[float], list[int]]:
+                      device: str | torch.device, episode_info: Any, what: str,
+                      on_frame: Callable[[int, Any], None] | None = None) -> tuple[list[float], list[int]]:
     """One episode of a multi-agent env per seed, all agents acting with `policy` in one batched forward
     pass per step (evaluation and `rollout`). Returns each agent's episode return (the mean is comparable
     with training's `train/episode_return`) and each episode's length; `episode_info` (one column per
-    seed) gets the team's statistics."""
+    seed) gets the team's statistics; `on_frame(i, env)` is called after each step of episode i but its
+    last (whose env has already begun its next episode)."""
     batch = MultiAgentBatch(make_env, len(seeds) * n_agents, what)
     try:
         for e, (env, seed) in enumerate(zip(batch.envs, seeds)):
@@ -238,6 +243,9 @@ def run_team_episodes(make_env: Callable[[], Any], n_agents: int, policy: torch.
                     returns[e * n_agents:(e + 1) * n_agents] = [info[agent_return_key(a)] for a in batch.agents]
             if episode_info is not None:
                 episode_info.observe(infos, ended)
+            if on_frame is not None:
+                for e in np.flatnonzero(running):
+                    on_frame(int(e), batch.envs[e])
             batch.write(step.observations, specs_obs)
         return returns, lengths.tolist()
     finally:
