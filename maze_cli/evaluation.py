@@ -40,7 +40,13 @@ def run_episodes(
 
     Returns each episode's return and length. `on_frame(i, env)` is called after each step of
     episode i (for rendering). `episode_info` (one column per seed) follows the env statistics.
+    A multi-agent env plays all its agents; its returns are then the agents' (`run_team_episodes`).
     """
+    if getattr(env_factory, "agents", None):
+        from maze_cli.envs.multiagent import run_team_episodes
+
+        return run_team_episodes(env_factory.parallel_env, len(env_factory.agents), policy, seeds, deterministic, device, episode_info,
+                                 f"env._target_={env_factory.describe()}", on_frame)
     envs = [env_factory() for _ in seeds]
     try:
         writer = ObservationWriter(envs[0].observation_space)

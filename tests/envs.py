@@ -259,3 +259,72 @@ class ScaledReward(gym.RewardWrapper):
 
     def reward(self, reward):
         return reward * self.scale
+
+
+def signal_team_env(length: int = 8, n_agents: int = 2, leave_at: int | None = None, differing_spaces: bool = False,
+                    opposite: bool = False):
+    """A `SignalTeamEnv` (built by a function, so that pettingzoo is imported only where it is used)."""
+    return _signal_team_class()(length, n_agents, leave_at, differing_spaces, opposite)
+
+
+def _signal_team_class():
+    from pettingzoo import ParallelEnv
+
+    class SignalTeamEnv(ParallelEnv):
+        """A cooperative PettingZoo env: each step every agent sees a private random bit (one-hot) that only
+        it sees, and the team earns 1/N for each agent whose action repeats its own bit; every agent gets
+        the team's reward. A shared policy reaches a team return of `length` (each agent's return is the
+        team's); random play gets half. `leave_at`: the last agent is done (terminated) after that many
+        steps while the others play on; during those steps its observation's second entry is 5 (outside
+        what a live agent sees), so a test can tell a finished agent's rows. `opposite`: the last agent
+        earns by answering the opposite of its bit, which a policy that cannot tell the agents apart
+        cannot learn for both."""
+
+        metadata = {"name": "signal_team_v0"}
+
+        def __init__(self, length: int, n_agents: int, leave_at: int | None, differing_spaces: bool, opposite: bool):
+            self.length, self.leave_at = length, leave_at
+            self.flipped = self.possible_agents_of(n_agents)[-1] if opposite else None
+            self.possible_agents = self.possible_agents_of(n_agents)
+            self._observation = {a: gym.spaces.Box(0.0, 5.0, (2 + (differing_spaces and i == 1),), np.float32)
+                                 for i, a in enumerate(self.possible_agents)}
+            self._rng = np.random.default_rng()
+
+        @staticmethod
+        def possible_agents_of(n_agents):
+            return [f"agent_{i}" for i in range(n_agents)]
+
+        def observation_space(self, agent):
+            return self._observation[agent]
+
+        def action_space(self, agent):
+            return gym.spaces.Discrete(2)
+
+        def reset(self, seed=None, options=None):
+            if seed is not None:
+                self._rng = np.random.default_rng(seed)
+            self.agents = list(self.possible_agents)
+            self.t = 0
+            return self._observe(), {a: {} for a in self.agents}
+
+        def _observe(self):
+            self.bits = {a: int(self._rng.integers(2)) for a in self.agents}
+            return {a: np.eye(2, dtype=np.float32)[self.bits[a]] for a in self.agents}
+
+        def step(self, actions):
+            if set(actions) != set(self.agents):
+                raise ValueError(f"actions for {sorted(actions)}, but the agents are {sorted(self.agents)}")
+            team = sum(float((actions[a] == self.bits[a]) != (a == self.flipped)) for a in self.agents) / len(self.possible_agents)
+            self.t += 1
+            leaving = self.possible_agents[-1] if self.leave_at is not None and self.t == self.leave_at else None
+            terminated = {a: self.t >= self.length or a == leaving for a in self.agents}
+            observations = self._observe()
+            if leaving is not None:  # the value a finished agent's rows keep: no live agent ever sees it
+                observations[leaving] = np.array([0.0, 5.0], np.float32)
+            rewards = {a: team for a in self.agents}
+            truncated = {a: False for a in self.agents}
+            infos = {a: {} for a in self.agents}
+            self.agents = [a for a in self.agents if not terminated[a]]
+            return observations, rewards, terminated, truncated, infos
+
+    return SignalTeamEnv

@@ -141,6 +141,9 @@ class Sac(SacConfig, Algorithm):
     network_defaults = {"activation": "relu"}
 
     def build(self, parts: Components) -> Run:
+        if getattr(parts.env_factory, "agents", None):  # finished agents' steps are no transitions for the buffer
+            raise ConfigError("algorithm=sac: a multi-agent (PettingZoo) env trains with algorithm=impala, appo or ppo; "
+                              "SAC's replay buffer takes single-agent envs only")
         kwargs = {"network": parts.network}
         policy = SacPolicy(parts.observation_space, parts.action_space, **kwargs)
         if policy.is_recurrent:

@@ -173,7 +173,7 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
     warm_started = _warm_start(run.learner, t, trusted)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     jsonl, tensorboard = JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")
-    files = [ConsoleTable(), jsonl, tensorboard]
+    files = [ConsoleTable(team=bool(getattr(env_factory, "agents", None))), jsonl, tensorboard]
     trainer = _trainer(settings, run, env_factory, files, _eval_videos(settings, run_dir, tensorboard), warm_started, group)
     trainer.callbacks = callbacks
     checkpointer = Checkpointer(run_dir / "checkpoints", run, trainer, config, t.checkpoint.interval, t.checkpoint.replay_buffer)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import re
 import warnings
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Mapping, Protocol, runtime_checkable
 
 import gymnasium as gym
 
 from maze_cli.envs.core_inputs import PreviousActionReward, adds_inputs
 from maze_cli.envs.info_stats import as_number, check_info_stats
+from maze_cli.envs.multiagent import AgentIdObservation, agent_spaces, as_parallel, is_multiagent, team_info_stats
 from maze_cli.envs.spaces import UnsupportedSpaceError, action_spec, observation_specs
 from maze_cli.envs.wrappers import apply_wrappers, wrapper_specs
 from maze_cli.errors import ConfigError, first_line
@@ -38,7 +40,7 @@ _plain_warnings()
 # Keys of an env config that configure maze_cli rather than the env itself.
 ID_KEYS = ("id", "kwargs", "max_episode_steps", "vectorize", "register", "check", "reward_clip", "obs_keys", "core_inputs",
            "info_stats", "wrappers")
-OWN_KEYS = ("check", "reward_clip", "obs_keys", "core_inputs", "info_stats", "wrappers")  # keys of any env config that maze_cli reads (never passed to the env)
+OWN_KEYS = ("check", "reward_clip", "obs_keys", "core_inputs", "info_stats", "wrappers", "agent_id")  # keys of any env config that maze_cli reads (never passed to the env)
 # Optional extras that bring env packages, by the module an env config registers its ids from.
 EXTRAS = {"minatar": "minatar", "ale_py": "atari", "minigrid": "minigrid"}
 # Env id prefixes whose ids exist only once their package is imported (gymnasium 1.x loads no plugins).
@@ -84,6 +86,8 @@ class EnvFactory:
     (`maze_cli.envs.wrappers`); they come before `obs_keys` and `core_inputs`.
     `info_stats` (either kind): `{info key: reduction}`, the env statistics the actors and evaluation
     follow (`maze_cli.envs.info_stats`).
+    `agent_id` (a `_target_` that returns a PettingZoo env): each agent's observation also holds its
+    index, one-hot, under the key `agent_id` (`maze_cli.envs.multiagent`).
     """
 
     config: Mapping[str, Any]
@@ -104,19 +108,14 @@ class EnvFactory:
                 )
 
     def __call__(self) -> gym.Env:
-        if self.config.get("_target_") is not None:
-            from hydra.utils import instantiate
-
-            env = instantiate({k: v for k, v in self.config.items() if k not in self._own_keys()}, _convert_="all")
-        else:
-            self._register()
-            kwargs = dict(self.config.get("kwargs") or {})
-            max_steps = self.config.get("max_episode_steps")
-            if max_steps is not None:
-                kwargs["max_episode_steps"] = max_steps
-            env = gym.make(self.config["id"], **kwargs)
+        env = self._build()
+        if is_multiagent(env):
+            env.close()
+            raise EnvConfigError(f"env._target_={self.config['_target_']}: a multi-agent (PettingZoo) env, which this part of "
+                                 f"maze_cli cannot step (it takes single-agent envs); use IMPALA, APPO or PPO")
         if not isinstance(env, gym.Env):
-            raise EnvConfigError(f"env: {self.config.get('_target_')} returned {type(env).__name__}, not a gymnasium.Env")
+            raise EnvConfigError(f"env: {self.config.get('_target_')} returned {type(env).__name__}, not a gymnasium.Env "
+                                 f"nor a PettingZoo env")
         if self.config.get("wrappers"):
             env = apply_wrappers(env, self.config["wrappers"])
         if self.config.get("obs_keys") is not None:
@@ -124,6 +123,48 @@ class EnvFactory:
         if adds_inputs(self.config.get("core_inputs")):
             env = PreviousActionReward(env, self.config["core_inputs"], self.reward_clip)
         return env
+
+    def _build(self) -> Any:
+        """The env as its `_target_` or id builds it, before maze_cli's wrappers."""
+        if self.config.get("_target_") is not None:
+            from hydra.utils import instantiate
+
+            return instantiate({k: v for k, v in self.config.items() if k not in self._own_keys()}, _convert_="all")
+        else:
+            self._register()
+            kwargs = dict(self.config.get("kwargs") or {})
+            max_steps = self.config.get("max_episode_steps")
+            if max_steps is not None:
+                kwargs["max_episode_steps"] = max_steps
+            return gym.make(self.config["id"], **kwargs)
+
+    def parallel_env(self) -> Any:
+        """A fresh multi-agent env as a PettingZoo `ParallelEnv` (an AEC env converted): what the actors,
+        evaluation and `rollout` step, every agent a row of their batch (`maze_cli.envs.multiagent`)."""
+        env = self._build()
+        if not is_multiagent(env):
+            raise EnvConfigError(f"env._target_={self.config.get('_target_')}: not a PettingZoo env")
+        return AgentIdObservation(as_parallel(env)) if self.config.get("agent_id") else as_parallel(env)
+
+    @cached_property
+    def agents(self) -> tuple[str, ...] | None:
+        """The possible agents of a multi-agent (PettingZoo) env, None for a single-agent one. An env by
+        id is a gymnasium env; a `_target_` is built once (per process) to find out."""
+        if self.config.get("_target_") is None or self._builds_a_gym_env():
+            return None
+        env = self._build()
+        try:
+            if not is_multiagent(env):
+                if self.config.get("agent_id"):
+                    raise EnvConfigError("env.agent_id=true: the env is not a multi-agent (PettingZoo) env; leave env.agent_id out")
+                return None
+            for key in ("wrappers", "obs_keys", "core_inputs"):
+                if self.config.get(key):
+                    raise EnvConfigError(f"env.{key}: not supported for a multi-agent (PettingZoo) env; wrap it with "
+                                         f"PettingZoo's or SuperSuit's wrappers inside its _target_")
+            return tuple(as_parallel(env).possible_agents)
+        finally:
+            env.close()
 
     def _filter_observation(self, env: gym.Env) -> gym.Env:
         """The env with only `obs_keys` of its Dict observation; a key it lacks is a config error."""
@@ -169,6 +210,17 @@ class EnvFactory:
             raise EnvConfigError(message) from None
         if callable(getattr(module, "register_envs", None)):
             module.register_envs()
+
+    def _builds_a_gym_env(self) -> bool:
+        """Whether the `_target_` is a gymnasium.Env class or builds vector envs too: then no env is built
+        to find out whether it is a multi-agent one."""
+        from hydra.utils import get_object
+
+        try:
+            target = get_object(self.config["_target_"])
+        except Exception:  # noqa: BLE001 - building the env names the problem
+            return False
+        return (isinstance(target, type) and issubclass(target, gym.Env)) or isinstance(target, VectorizedEnvTarget)
 
     def _vector_target(self) -> VectorizedEnvTarget | None:
         """The `_target_` callable if it builds vector envs too."""
@@ -249,8 +301,10 @@ class EnvFactory:
 
     @property
     def info_stats(self) -> dict[str, str]:
-        """The env statistics to follow: `{info key: reduction}` (`env.info_stats`)."""
-        return check_info_stats(self.config.get("info_stats"))
+        """The env statistics to follow: `{info key: reduction}` (`env.info_stats`), and for a
+        multi-agent env the team's and each agent's return."""
+        own = check_info_stats(self.config.get("info_stats"))
+        return own if self.agents is None else {**own, **team_info_stats(self.agents)}
 
     def check(self) -> tuple[gym.Space, gym.Space]:
         """Build one env in this process, check its spaces are supported, and return them.
@@ -258,6 +312,8 @@ class EnvFactory:
         Run before any actor starts, so a wrong env fails here with one clear message.
         """
         try:
+            if self.agents is not None:
+                return self._check_multiagent()
             env = self()
         except EnvConfigError:
             raise
@@ -274,6 +330,17 @@ class EnvFactory:
                 self._check_spaces(env)
                 self._run_env_checker(env)
             return env.observation_space, env.action_space
+        finally:
+            env.close()
+
+    def _check_multiagent(self) -> tuple[gym.Space, gym.Space]:
+        """The space every agent shares (spaces that differ are one line), checked as a single env's."""
+        env = self.parallel_env()
+        try:
+            observation_space, action_space = agent_spaces(env, f"env._target_={self.config['_target_']}")
+            self._supported_observation(observation_space)
+            action_spec(action_space)
+            return observation_space, action_space
         finally:
             env.close()
 

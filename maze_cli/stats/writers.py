@@ -141,14 +141,18 @@ _COLUMNS = [
     ("time/wait_actors_frac", "wait", "{:>5.0%}"),
 ]
 
+_TEAM_COLUMN = ("env/team_return", "team", "{:>8.1f}")
+
 
 class ConsoleTable:
     """A fixed-width row per epoch, at most one every `min_interval_s` (short epochs would flood the
     terminal; stats.jsonl and TensorBoard keep every epoch), the header repeated every
     `header_every` rows. The last epoch is always shown, at `close()` if it was held back."""
 
-    def __init__(self, header_every: int = 20, min_interval_s: float = 1.0):
+    def __init__(self, header_every: int = 20, min_interval_s: float = 1.0, team: bool = False):
         self.header_every = header_every
+        # a multi-agent env's `return` is an agent's: `team` beside it is the team's (env/team_return)
+        self.columns = _COLUMNS[:5] + [_TEAM_COLUMN] + _COLUMNS[5:] if team else _COLUMNS
         self.min_interval_s = min_interval_s
         self.rows = 0
         self._last_shown = -math.inf
@@ -170,9 +174,9 @@ class ConsoleTable:
 
     def _show(self, stats: dict[str, Any]) -> None:
         if self.rows % self.header_every == 0:
-            widths = [max(len(t), len(f.format(0) if "d" in f else f.format(0.0))) for _, t, f in _COLUMNS]
-            log.info(" ".join(t.rjust(w) for (_, t, _), w in zip(_COLUMNS, widths)))
-        log.info(" ".join(self._cell(stats, k, t, f) for k, t, f in _COLUMNS))
+            widths = [max(len(t), len(f.format(0) if "d" in f else f.format(0.0))) for _, t, f in self.columns]
+            log.info(" ".join(t.rjust(w) for (_, t, _), w in zip(self.columns, widths)))
+        log.info(" ".join(self._cell(stats, k, t, f) for k, t, f in self.columns))
         self.rows += 1
         self._held = None
 

@@ -1,0 +1,193 @@
+"""Multi-agent (PettingZoo) envs: each agent a row of the actors' batch, one shared policy."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("pettingzoo")
+
+from maze_cli.algorithms.impala import Impala, ImpalaLearner  # noqa: E402
+from maze_cli.algorithms.ppo import Ppo, PpoLearner  # noqa: E402
+from maze_cli.envs import EnvFactory  # noqa: E402
+from maze_cli.envs.batch import make_env_batch  # noqa: E402
+from maze_cli.envs.multiagent import MultiAgentBatch  # noqa: E402
+from maze_cli.parallel import SequentialDistributedActors  # noqa: E402
+from maze_cli.policies import ActorCritic, mlp_network  # noqa: E402
+from tests.cli import REPO, run_train  # noqa: E402
+
+TEAM = {"_target_": "tests.envs.signal_team_env", "length": 6}
+LEAVING = {**TEAM, "leave_at": 2}  # agent_1 is done after 2 of the 6 steps
+
+
+def env_config(tmp_path: Path, **env) -> list[str]:
+    """Overrides that train on the env of `env` (a config file of the user's own)."""
+    config_dir = tmp_path / "configs"
+    (config_dir / "env").mkdir(parents=True, exist_ok=True)
+    lines = "".join(f"  {k}: {v}\n" for k, v in env.items())
+    (config_dir / "env" / "mine.yaml").write_text(f"# @package _global_\nenv:\n{lines}target_return: null\n")
+    return ["--config-dir", str(config_dir), "+env=mine"]
+
+
+def team_config(tmp_path: Path, **options) -> list[str]:
+    """Overrides that train on `tests.envs.signal_team_env`, 8 steps an episode."""
+    return env_config(tmp_path, _target_="tests.envs.signal_team_env", length=8, **options)
+
+
+def read_stats(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "stats.jsonl").read_text().splitlines()]
+
+
+def collect(config: dict, n_steps: int = 24, envs: int = 4):
+    factory = EnvFactory(config)
+    observation_space, action_space = factory.check()
+    policy = ActorCritic(observation_space, action_space, mlp_network((8,)))
+    with SequentialDistributedActors(factory, policy, n_steps, 1, 1, envs_per_actor=envs) as actors:
+        return actors.collect_outputs("cpu")[0], actors, policy
+
+
+def test_each_agent_is_a_row_of_the_batch():
+    batch = make_env_batch(EnvFactory(TEAM), 5)
+    assert isinstance(batch, MultiAgentBatch)
+    assert len(batch.envs) == 2 and batch.agents == ("agent_0", "agent_1")  # the fifth row pads: always masked
+    batch.reset(0)
+    step = batch.step(torch.zeros(5, dtype=torch.int64).numpy())
+    assert step.autoreset.tolist() == [False, False, False, False, True]
+    batch.close()
+
+
+def test_a_finished_agents_steps_are_autoreset_steps_and_never_reach_the_learner():
+    batch, actors, _ = collect(LEAVING)
+    obs = batch.observations["obs"][:-1]  # the observation each step acted on
+    finished = obs[..., 1] == 5.0  # the value signal_team_env gives only an agent that is done
+    assert finished[:, 1::2].any() and not finished[:, 0::2].any()
+    assert torch.equal(batch.autoreset, finished)  # exactly the finished agent's steps are masked
+    # agent_1 terminates with its 2nd step of each 6: steps 1, 7, 13, 19 of its rows
+    assert batch.terminated[:, 1].nonzero().flatten().tolist() == [1, 7, 13, 19]
+    assert batch.terminated[:, 0].nonzero().flatten().tolist() == [5, 11, 17, 23]
+    assert (batch.rewards[batch.autoreset] == 0).all()
+    # Episode stats: agent_1's episodes are 2 steps long, agent_0's 6; the team return sums both.
+    assert sorted({int(x) for x in actors.get_epoch_stats_aggregator().values("episode_length")}) == [2, 6]
+
+
+@pytest.mark.parametrize("learner", ["impala", "ppo"])
+def test_the_learners_loss_ignores_every_step_of_a_finished_agent(learner):
+    """Whatever a finished agent's rows hold, the loss is the same: they are masked out (a learner that
+    trained on them would see the garbage)."""
+    batch, _, policy = collect(LEAVING)
+
+    def loss_with(garbage: float) -> float:
+        torch.manual_seed(0)
+        fresh = ActorCritic(policy.observation_space, policy.action_space, mlp_network((8,)))
+        if learner == "impala":
+            trainer = ImpalaLearner(fresh, Impala(lr=0.0))
+        else:
+            trainer = PpoLearner(fresh, Ppo(lr=0.0, n_epochs=1, n_minibatches=1, normalize_advantage=False))
+        altered = batch.map(lambda t: t.clone())
+        dead = batch.observations["obs"][:-1, :, 1] == 5.0  # the finished agent's steps, told by what it observes
+        altered.actions[dead] = int(garbage) % 2
+        altered.rewards[dead] = garbage
+        altered.behaviour_logp[dead] = -abs(garbage) / 10  # (a ratio that overflows would be nan even times 0)
+        return float(trainer.update(altered)["loss"])
+
+    assert loss_with(7.0) == pytest.approx(loss_with(-30.0), abs=1e-5)
+
+
+@pytest.mark.parametrize("algorithm,runner", [("impala", "sequential"), ("impala", "subproc"), ("ppo", "sequential"),
+                                              ("ppo", "subproc"), ("appo", "subproc")])
+def test_a_shared_policy_learns_the_cooperative_env(tmp_path, algorithm, runner):
+    """Each agent must repeat a bit only it sees: random play earns half the team's best (8 per agent)."""
+    run_dir = tmp_path / "run"
+    result = run_train(*team_config(tmp_path), f"algorithm={algorithm}", f"runner={runner}", "max_env_steps=40000", "epoch_length=10",
+                       "eval.episodes=4", "seed=1", run_dir=run_dir, timeout=240)
+    assert result.returncode == 0, result.stderr
+    rows = read_stats(run_dir)
+    last = rows[-1]
+    assert last["eval/return_mean"] >= 7.5  # per agent; random play: 4
+    assert last["eval/env/team_return"] == pytest.approx(2 * last["eval/return_mean"])
+    assert {"env/team_return", "env/agent/agent_0/return", "env/agent/agent_1/return"} <= set(last)
+    assert rows[0]["env/agent/agent_0/return"] < last["env/agent/agent_0/return"]
+
+
+def test_ray_actors_step_a_multiagent_env(tmp_path):
+    pytest.importorskip("ray")
+    run_dir = tmp_path / "run"
+    result = run_train(*team_config(tmp_path), "runner=ray", "max_env_steps=20000", "eval.episodes=2", run_dir=run_dir,
+                       env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+    assert result.returncode == 0, result.stderr
+    assert {"env/team_return", "env/agent/agent_1/return"} <= set(read_stats(run_dir)[-1])
+
+
+def test_rollout_plays_all_agents(tmp_path):
+    run_dir = tmp_path / "run"
+    trained = run_train(*team_config(tmp_path), "runner=sequential", "max_env_steps=30000", "eval.episodes=2", run_dir=run_dir)
+    assert trained.returncode == 0, trained.stderr
+    assert "   return     team ret(win)" in trained.stdout + trained.stderr  # the console's team return column
+    rollout = Path(run_train.__globals__["TRAIN"]).with_name("rollout")
+    proc = subprocess.run([str(rollout), f"checkpoint={run_dir / 'checkpoints' / 'best.pt'}", "episodes=3",
+                           "allow=[tests.envs.signal_team_env]"], capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("3 episodes: return 8.00") and "episode length 8.0" in proc.stdout
+
+
+def test_agents_with_differing_spaces_are_one_line(tmp_path):
+    result = run_train(*team_config(tmp_path, differing_spaces="true"), "runner=sequential", run_dir=tmp_path / "run")
+    assert result.returncode != 0
+    assert result.stderr.strip().count("\n") == 0
+    assert "agent agent_1's observation space Box(0.0, 5.0, (3,), float32) differs from agent agent_0's" in result.stderr
+
+
+def test_fewer_envs_per_actor_than_agents_is_one_line(tmp_path):
+    result = run_train(*team_config(tmp_path, n_agents=3), "runner=sequential", "runner.envs_per_actor=2",
+                       run_dir=tmp_path / "run")
+    assert result.returncode != 0, result.stdout
+    assert "runner.envs_per_actor=3" in result.stderr
+
+
+def test_a_pettingzoo_aec_env_runs_an_epoch(tmp_path):
+    """MPE's simple_spread (3 agents, its AEC form: converted with aec_to_parallel) from the mpe2 package,
+    with an evaluation video."""
+    pytest.importorskip("mpe2")
+    run_dir = tmp_path / "run"
+    result = run_train(*env_config(tmp_path, _target_="mpe2.simple_spread_v3.env", max_cycles=25), "algorithm=ppo",
+                       "runner=sequential", "max_env_steps=5000", "eval.episodes=2", "eval.video=true", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    last = read_stats(run_dir)[-1]
+    assert {f"env/agent/agent_{i}/return" for i in range(3)} <= set(last)
+    assert last["train/episode_length_mean"] == 25
+    videos = list((run_dir / "videos").iterdir())  # evaluation's video: all agents in MPE's own rendering
+    assert len(videos) == 1 and videos[0].stat().st_size > 1000
+
+
+def test_sac_with_a_multiagent_env_is_one_line(tmp_path):
+    result = run_train(*team_config(tmp_path), "algorithm=sac", "runner=sequential", run_dir=tmp_path / "run")
+    assert result.returncode != 0
+    assert result.stderr.strip() == ("train: error: algorithm=sac: a multi-agent (PettingZoo) env trains with algorithm=impala, "
+                                     "appo or ppo; SAC's replay buffer takes single-agent envs only")
+
+
+def test_the_agent_id_key_lets_a_shared_policy_act_per_agent(tmp_path):
+    """agent_1 must answer the opposite of its bit: without its index a shared policy cannot serve both
+    agents (4 of 8 per agent in expectation), with it the team reaches the maximum."""
+    factory = EnvFactory({**TEAM, "agent_id": True})
+    observation_space, _ = factory.check()
+    assert set(observation_space.spaces) == {"obs", "agent_id"}
+    returns = {}
+    for agent_id, steps in (("false", 40000), ("true", 150000)):
+        run_dir = tmp_path / f"run_{agent_id}"
+        result = run_train(*team_config(tmp_path, opposite="true", agent_id=agent_id), "algorithm=impala", "runner=sequential",
+                           f"max_env_steps={steps}", "eval.episodes=8", "seed=1", run_dir=run_dir, timeout=240)
+        assert result.returncode == 0, result.stderr
+        returns[agent_id] = read_stats(run_dir)[-1]["eval/return_mean"]
+    assert returns["false"] <= 6.0 and returns["true"] >= 7.5, returns
+
+
+def test_agent_id_on_a_single_agent_env_is_one_line(tmp_path):
+    result = run_train("+env=cartpole", "+env.agent_id=true", run_dir=tmp_path / "run")
+    assert result.returncode != 0
+    assert "env.agent_id" in result.stderr and result.stderr.strip().count("\n") == 0
