@@ -528,19 +528,29 @@ def validate(cfg: DictConfig, env_options: list[str]) -> Settings:
                     **groups)
 
 
+def _named_targets(section: str, value: Any, expected: str, hint: str) -> dict[str, dict[str, Any]]:
+    """`<section>.<name>` entries (callbacks, trackers) as plain dicts, each a mapping with a `_target_`;
+    anything else is one line naming the entry, with `expected` (what the section takes) or `hint` (the
+    rest of the line, formatted with the entry's name: how to give an entry its `_target_`)."""
+    if not isinstance(value, (DictConfig, dict)):
+        raise ConfigError(f"{section}: expected {expected}, got {value!r}")
+    resolved = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else dict(value)
+    for name, options in resolved.items():
+        if not isinstance(options, dict) or "_target_" not in options:
+            raise ConfigError(f"{section}.{name}: expected a mapping with _target_{hint.format(name=name)}")
+    return resolved
+
+
 def validate_callbacks(callbacks: Any) -> dict[str, Any]:
     """`callbacks.<name>`: a mapping whose `_target_` is a class built from its other keys, with at
     least one of the hooks (maze_cli.callbacks.HOOKS)."""
     if not callbacks:
         return {}
-    if not isinstance(callbacks, (DictConfig, dict)):
-        raise ConfigError(f"callbacks: expected callbacks.<name>._target_=<class> (or +callbacks=<name>), got {callbacks!r}")
-    resolved = OmegaConf.to_container(callbacks, resolve=True) if isinstance(callbacks, DictConfig) else dict(callbacks)
+    resolved = _named_targets("callbacks", callbacks, "callbacks.<name>._target_=<class> (or +callbacks=<name>)",
+                              ", e.g. +callbacks.{name}._target_=my_pkg.MyCallback")
     from maze_cli.callbacks import HOOKS
 
     for name, options in resolved.items():
-        if not isinstance(options, dict) or "_target_" not in options:
-            raise ConfigError(f"callbacks.{name}: expected a mapping with _target_, e.g. +callbacks.{name}._target_=my_pkg.MyCallback")
         check_arguments(f"callbacks.{name}", options)
         from hydra.utils import get_object
 
@@ -554,12 +564,9 @@ def validate_loggers(loggers: Any) -> dict[str, Any]:
     (besides run_dir and config, which maze_cli passes)."""
     if loggers is None:
         return {}
-    if not isinstance(loggers, (DictConfig, dict)):
-        raise ConfigError(f"logger: expected trackers chosen with +logger=<name> (or +logger=[a,b]), got {loggers!r}")
-    resolved = OmegaConf.to_container(loggers, resolve=True) if isinstance(loggers, DictConfig) else dict(loggers)
+    resolved = _named_targets("logger", loggers, "trackers chosen with +logger=<name> (or +logger=[a,b])",
+                              " (a writer class with write(stats) and close())")
     for name, options in resolved.items():
-        if not isinstance(options, dict) or "_target_" not in options:
-            raise ConfigError(f"logger.{name}: expected a mapping with _target_ (a writer class with write(stats) and close())")
         check_arguments(f"logger.{name}", options, passed=("run_dir", "config"))
         from hydra.utils import get_object
 
