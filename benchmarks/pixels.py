@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from machine import machine_line
-from runs import TrainRun, run_train
+from runs import TrainRun, publish, run_train
 
 PONG = "ALE/Pong-v5"
 
@@ -130,10 +130,7 @@ def main() -> None:
             lines += minatar_section(args.games, args.seeds, args.minutes, workdir, args.minatar_override) + [""]
         if not args.skip_atari:
             lines += atari_section(args.pong_seconds, 20, workdir) + [""]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

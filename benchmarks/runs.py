@@ -55,3 +55,11 @@ def run_train(overrides: list[str], run_dir: Path, timeout_s: float = 900, pytho
         raise SystemExit(f"train {' '.join(overrides)} failed (exit {proc.returncode}):\n{stderr[-3000:]}")
     rows = [json.loads(line) for line in (run_dir / "stats.jsonl").read_text().splitlines()]
     return TrainRun(overrides, wall, rows, "stopped: target_return" in stdout, memory.peak_mib, memory.peak_processes)
+
+
+def publish(lines: list[str], out: Path | None) -> None:
+    """A benchmark's Markdown report: printed, and written to `out` (the `--out` option) if given."""
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        out.write_text(text + "\n")

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from machine import machine_line
-from runs import run_train
+from runs import publish, run_train
 
 PONG = "ALE/Pong-v5"
 SMALL_SHM = ["unshare", "-m", "--propagation", "private", "sh", "-c",
@@ -52,10 +52,7 @@ def main() -> None:
             where = f"a file in {temp}" if "it is in a file under" in log else "/dev/shm"
             waiting = run.steady("time/wait_actors_frac")
             lines.append(f"| {name} | {where} | {run.steady('sps'):,.0f} | {waiting:.0%} | {len(run.rows)} |")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from machine import machine_line
-from runs import TrainRun, run_train
+from runs import TrainRun, publish, run_train
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -153,10 +153,7 @@ def main() -> None:
     for name in candidates:
         lines.append(f"| {name} | " + " | ".join(cell_return(results[name, e], SUITE[e].budget) for e in args.envs) + " |")
     lines += ["", "Candidates: " + "; ".join(f"{n}: {' '.join(o) or '(the defaults)'}" for n, o in candidates.items())]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":
