@@ -20,6 +20,9 @@ from maze_cli.errors import ConfigError, MazeCliError
 _FULL = {errno.ENOSPC, errno.EDQUOT}
 _NEARLY_FULL = 256 * 1024  # bytes: a write that fails with less free than this failed on a full disk
 _UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR}
+# The dir names of this process's sweep jobs that a full disk stopped: `train` records them, the sweep
+# summary leaves them out, and `train -m` exits non-zero for them.
+STOPPED_BY_FULL_DISK: set[str] = set()
 
 
 class DiskFull(MazeCliError):

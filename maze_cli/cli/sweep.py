@@ -19,7 +19,7 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from maze_cli.disk import DiskFull, writing
+from maze_cli.disk import STOPPED_BY_FULL_DISK, DiskFull, writing
 from maze_cli.stats.plots import read_stats
 
 log = logging.getLogger("maze_cli")
@@ -150,10 +150,6 @@ def _plot_group(ax, curves: list[list[tuple[int, float]]], label: str, colour: s
     ax.plot(grid, values.mean(0), color=colour, label=label)
     if len(curves) > 1:
         ax.fill_between(grid, values.min(0), values.max(0), color=colour, alpha=0.2)
-
-
-# The dir names of this process's jobs that a full disk stopped (train records them; the summary leaves them out).
-STOPPED_BY_FULL_DISK: set[str] = set()
 
 
 class SweepSummary(Callback):

@@ -26,7 +26,7 @@ from maze_cli.cli import leave_quickly
 from maze_cli.cli.errors import explain, exit_code
 from maze_cli.cli.paths import config_dir
 from maze_cli.config.schema import NoEnvError, register_configs, validate
-from maze_cli.disk import DiskFull, check_writable_dir, is_disk_full, is_unwritable, quiet_full_disk_in_log_files, unwritable_message
+from maze_cli.disk import STOPPED_BY_FULL_DISK, DiskFull, check_writable_dir, is_disk_full, is_unwritable, quiet_full_disk_in_log_files, unwritable_message
 from maze_cli.errors import ConfigError, MazeCliError
 
 log = logging.getLogger("maze_cli")
@@ -470,7 +470,6 @@ def _short(target: str) -> str:
 
 
 _FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
-_failed_jobs: list[int] = []  # the jobs of a sweep a full disk stopped
 _task_started = False  # whether Hydra called the task (its errors before are its own writes: the run dir, train.log)
 
 
@@ -526,9 +525,6 @@ def _hydra_train(cfg: DictConfig) -> float:
         # A sweep goes on with its other jobs (each has a dir of its own, maybe on another disk); the
         # summary leaves this one out, and the command exits non-zero at the end.
         print(f"train: error: job {HydraConfig.get().job.num}: {err}", file=sys.stderr)
-        _failed_jobs.append(HydraConfig.get().job.num)
-        from maze_cli.cli.sweep import STOPPED_BY_FULL_DISK
-
         STOPPED_BY_FULL_DISK.add(Path(HydraConfig.get().runtime.output_dir).name)
         return float("nan")  # no objective: a sweeper records the trial as failed
     except Exception as err:
@@ -555,7 +551,7 @@ def main() -> None:
         sys.argv.append("tuning=none")
     try:
         _hydra_train()
-        if _failed_jobs:
+        if STOPPED_BY_FULL_DISK:  # a sweep some of whose jobs a full disk stopped
             sys.exit(1)
     except KeyboardInterrupt as interrupt:
         sys.exit(143 if isinstance(interrupt, Terminated) else 130)
