@@ -46,16 +46,16 @@ def test_a_sequential_sac_run_is_reproducible(tmp_path):
 
 
 def test_an_epoch_lasts_the_algorithms_iterations_unless_epoch_length_is_set(tmp_path):
-    """SAC's iteration is 64 gradient steps, so its own epoch is 4 of them (a row and a target check
+    """SAC's iteration is 16 gradient steps, so its own epoch is 16 of them (a row and a target check
     about every second); `epoch_length=` still sets it."""
-    steps_per_iteration = 8 * 8  # n_rollout_steps x envs_per_actor, one rollout per iteration
+    steps_per_iteration = 8 * Sac.envs_per_actor  # n_rollout_steps x envs_per_actor, one rollout per iteration
     for name, extra, length in (("default", [], Sac.epoch_length), ("set", ["epoch_length=2"], 2)):
-        result = run_train("+env=pendulum", "algorithm=sac", "runner=sequential", "runner.n_actors=1", "max_env_steps=1500",
+        result = run_train("+env=pendulum", "algorithm=sac", "runner=sequential", "runner.n_actors=1", "max_env_steps=2000",
                            "eval.interval=0", *FAST, *extra, run_dir=tmp_path / name)
         assert result.returncode == 0, result.stderr
         steps = [row["env_steps"] for row in read_stats(tmp_path / name)]
         assert {b - a for a, b in zip(steps, steps[1:-1])} == {length * steps_per_iteration}, steps
-    assert Sac.epoch_length == 4
+    assert (Sac.epoch_length, Sac.envs_per_actor) == (16, 2)
 
 
 @pytest.mark.parametrize("extra", [
