@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import learner_cases
 from tests.learner_cases import CASES, run_case
 
 GOLDEN = Path(__file__).parent / "data" / "learner_golden.pt"
@@ -144,3 +145,34 @@ def test_normalized_advantages_make_impalas_policy_gradient_the_same_on_any_rewa
         grads.append({n: p.grad.clone() for n, p in learner.policy.named_parameters() if n.startswith(("network.", "policy_head."))})
     same = all(torch.allclose(grads[0][n], grads[1][n], rtol=1e-4, atol=1e-6) for n in grads[0])
     assert same == normalize
+
+
+@pytest.mark.parametrize("algorithm", ["impala", "ppo"])
+def test_anneal_lr_lowers_the_lr_linearly_over_the_budget_and_is_saved_in_checkpoints(algorithm):
+    """`algorithm.anneal_lr=true`: each update's lr is `lr x (1 - env steps consumed / max_env_steps)`,
+    0 once the budget is spent; a learner restored from its state goes on where it was."""
+    from maze_cli.algorithms.impala import Impala, ImpalaLearner
+    from maze_cli.algorithms.ppo import Ppo, PpoLearner
+    from maze_cli.policies import ActorCritic, mlp_network
+
+    batch = learner_cases.rollout(learner_cases.CARTPOLE)
+    steps = batch.rewards.numel()
+
+    def make(anneal: bool):
+        policy = ActorCritic(*learner_cases.CARTPOLE, mlp_network((8,)))
+        if algorithm == "impala":
+            return ImpalaLearner(policy, Impala(lr=1e-3, anneal_lr=anneal), max_env_steps=4 * steps)
+        return PpoLearner(policy, Ppo(lr=1e-3, anneal_lr=anneal, n_minibatches=2), max_env_steps=4 * steps)
+
+    annealed, constant = make(True), make(False)
+    lrs = []
+    for _ in range(5):
+        for learner in (annealed, constant):
+            learner.update(batch)
+        lrs.append(annealed.optimizer.param_groups[0]["lr"])
+        assert constant.optimizer.param_groups[0]["lr"] == 1e-3
+    assert lrs == pytest.approx([1e-3, 0.75e-3, 0.5e-3, 0.25e-3, 0.0])  # the lr of each update, before it consumed its batch
+    restored = make(True)
+    restored.load_state_dict(annealed.state_dict())
+    restored.update(batch)
+    assert restored.env_steps == 6 * steps and restored.optimizer.param_groups[0]["lr"] == 0.0

@@ -102,7 +102,7 @@ class Impala(ImpalaConfig, Algorithm):
         normalize_obs, normalize_reward = normalization(self.normalize_obs, self.normalize_reward, parts.action_space)
         kwargs = {"network": parts.network, "shared_network": self.shared_network, "normalize_obs": normalize_obs}
         policy = ActorCritic(parts.observation_space, parts.action_space, **kwargs)
-        learner = ImpalaLearner(policy, self, parts.device, normalize_reward, **parts.learner)
+        learner = ImpalaLearner(policy, self, parts.device, normalize_reward, max_env_steps=parts.max_env_steps, **parts.learner)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps)
         blueprint = policy_blueprint(ActorCritic, parts.observation_space, parts.action_space, kwargs)
         return Run(OnPolicyLoop(actors, learner), actors, learner, blueprint)
@@ -122,11 +122,13 @@ class ImpalaLearner(ActorCriticLearner):
         # Autoreset steps are no transitions: averages run over the real steps only. Their value
         # targets never reach real steps, since the step before each ended an episode (discount 0).
         real = (~batch.autoreset).float()
+        self.schedule_lr()
         loss, metrics = self.forward_loss(batch.observations, batch.initial_state, batch.episode_start, batch.actions,
                                           batch.behaviour_logp, rewards, discounts, real)
         metrics["grad_norm"] = self.step({"policy": loss}, samples=real.sum() if self.group is not None else None)["policy"]
         self.watch({"loss": loss})
         self.updates += 1
+        self.consumed(batch)
         self.observe(batch)
         self.record(metrics)
         return metrics

@@ -22,7 +22,8 @@ class ActorCriticLearner(Learner):
     scaler, the observation statistics' update, and checkpoint state. Subclasses write their loss
     and `update(batch) -> metrics` (tensors)."""
 
-    def __init__(self, policy: ActorCritic, hp: Any, device: str = "cpu", normalize_reward: bool = False, **options: Any):
+    def __init__(self, policy: ActorCritic, hp: Any, device: str = "cpu", normalize_reward: bool = False,
+                 max_env_steps: int | None = None, **options: Any):
         super().__init__(device, **options)
         self.policy = policy.to(self.device)
         self.hp = hp
@@ -30,6 +31,24 @@ class ActorCriticLearner(Learner):
         self.optimizer = self.add_optimizer("policy", self.policy.parameters(), lr=hp.lr, eps=hp.adam_eps,
                                             max_grad_norm=hp.max_grad_norm)
         self.updates = 0  # gradient steps
+        self.max_env_steps = max_env_steps  # the run's budget, which `anneal_lr` counts down
+        self.env_steps = 0  # consumed by every learner together, for the schedules
+
+    def progress_left(self) -> float:
+        """1 at the start of the budget, 0 at its end (what an annealed lr, and PPO's clip, are scaled by)."""
+        if not self.max_env_steps:
+            return 1.0
+        return max(0.0, 1.0 - self.env_steps / self.max_env_steps)
+
+    def schedule_lr(self) -> None:
+        """The lr of the next gradient steps: `hp.lr`, or with `anneal_lr` falling linearly to 0 over the budget."""
+        lr = self.hp.lr * self.progress_left() if self.hp.anneal_lr else self.hp.lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def consumed(self, batch: Rollout) -> None:
+        """Count a batch's env steps towards the schedules (every learner's batch is the same size)."""
+        self.env_steps += batch.rewards.numel() * self.world_size
 
     def rewards(self, batch: Rollout) -> torch.Tensor:
         """The batch's rewards, scaled when `normalize_reward` is on, truncated episodes bootstrapped."""
@@ -51,7 +70,8 @@ class ActorCriticLearner(Learner):
         self.optimizer.load_state_dict(state["optimizer"])
 
     def state_dict(self) -> dict:
-        state = {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "updates": self.updates}
+        state = {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "updates": self.updates,
+                 "env_steps": self.env_steps}
         if self.reward_scaler is not None:
             state["reward_scaler"] = self.reward_scaler.state_dict()
         return state
@@ -60,6 +80,7 @@ class ActorCriticLearner(Learner):
         self.policy.load_state_dict(state["policy"])
         self.load_optimizer_state(state)
         self.updates = state["updates"]
+        self.env_steps = state.get("env_steps", 0)  # absent from checkpoints of IMPALA before anneal_lr
         if self.reward_scaler is not None and "reward_scaler" in state:
             self.reward_scaler.load_state_dict(state["reward_scaler"])
 

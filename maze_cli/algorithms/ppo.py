@@ -61,22 +61,13 @@ class PpoLearner(ActorCriticLearner):
     """Owns the actor-critic, its optimizer and the update; knows nothing of actors or backends.
 
     :param vtrace_targets: APPO's V-trace targets (else GAE).
-    :param max_env_steps: the run's budget, which `anneal_lr` / `anneal_clip` count down.
     """
 
     def __init__(self, policy: ActorCritic, hp: PpoConfig, device: str = "cpu", normalize_reward: bool = False,
-                 vtrace_targets: bool = False, max_env_steps: int | None = None, **options: Any):
+                 vtrace_targets: bool = False, **options: Any):
         super().__init__(policy, hp, device, normalize_reward, **options)
         self.vtrace_targets = vtrace_targets
-        self.max_env_steps = max_env_steps
-        self.env_steps = 0  # consumed, for the schedules
         self.forward_loss = self.loss_function(self.loss, "PPO's loss")
-
-    def progress_left(self) -> float:
-        """1 at the start of the budget, 0 at its end (what the annealed lr and clip are scaled by)."""
-        if not self.max_env_steps:
-            return 1.0
-        return max(0.0, 1.0 - self.env_steps / self.max_env_steps)
 
     @torch.no_grad()
     def targets(self, batch: Rollout) -> Targets:
@@ -137,11 +128,8 @@ class PpoLearner(ActorCriticLearner):
         if n_columns < hp.n_minibatches:
             raise ValueError(f"algorithm.n_minibatches={hp.n_minibatches} is more than the batch's {n_columns} "
                              "sequences (a recurrent policy splits by env): lower it or collect more envs per batch")
-        left = self.progress_left()
-        lr = hp.lr * left if hp.anneal_lr else hp.lr
-        clip = hp.clip_range * left if hp.anneal_clip else hp.clip_range
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.schedule_lr()
+        clip = hp.clip_range * self.progress_left() if hp.anneal_clip else hp.clip_range
         clip_t = torch.tensor(clip, device=self.device)  # a tensor: an annealed clip never recompiles the loss
         self.timings["forward"] += time.perf_counter() - t0
         steps: list[dict[str, torch.Tensor]] = []
@@ -164,7 +152,7 @@ class PpoLearner(ActorCriticLearner):
             if stopped:
                 break
         self.observe(batch)
-        self.env_steps += batch.rewards.numel() * self.world_size  # every learner's batch is the same size
+        self.consumed(batch)
         if steps:
             result = {key: torch.stack([m[key] for m in steps]).mean() for key in steps[0]}
         else:  # the first minibatch already exceeded target_kl: report it, untrained
@@ -174,7 +162,8 @@ class PpoLearner(ActorCriticLearner):
             "value_mean": masked_mean(targets.old_values, real),
             "explained_variance": explained_variance(targets.old_values, targets.returns, real),
         }
-        result |= {"gradient_steps": float(len(steps)), "kl_stop": float(stopped), "lr": lr, "clip_range": clip}
+        result |= {"gradient_steps": float(len(steps)), "kl_stop": float(stopped), "lr": self.optimizer.param_groups[0]["lr"],
+                   "clip_range": clip}
         self.record(result)
         return result
 
@@ -207,13 +196,6 @@ class PpoLearner(ActorCriticLearner):
         metrics = {"loss": loss, "policy_loss": policy_loss, "value_loss": v_loss, "entropy": entropy,
                    "approx_kl": approx_kl, "clip_fraction": clip_fraction}
         return loss, {k: v.detach() for k, v in metrics.items()}
-
-    def state_dict(self) -> dict:
-        return super().state_dict() | {"env_steps": self.env_steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.env_steps = state["env_steps"]
 
 
 def explained_variance(predicted: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

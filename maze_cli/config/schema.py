@@ -160,6 +160,7 @@ class ImpalaConfig:
     # learn faster without it (their tuning files turn it off; benchmarks/SUITE.md)
     normalize_advantage: bool = True
     max_grad_norm: float = _f(0.5, gt=0)  # gradient clipping by global norm
+    anneal_lr: bool = False  # lr falls linearly to 0 over max_env_steps
     adam_eps: float = _f(1e-5, gt=0)  # Adam's epsilon
     shared_network: bool = False  # one policy network for the action and value heads (true) or one each
     # vector observations normalized by a running mean/std (updated by the learner from every actor's data,
