@@ -83,6 +83,34 @@ def test_the_clipped_surrogate_takes_the_pessimistic_term():
     assert surrogate.tolist() == pytest.approx([2.4, 1.0, -3.0, -1.6])
 
 
+@pytest.mark.parametrize("algorithm", ["ppo", "appo"])
+def test_what_a_masked_step_holds_never_reaches_the_update(algorithm):
+    """An autoreset step (or a finished agent's row) whose behaviour log-prob is -inf: the ratio there
+    is infinite, yet the update's losses and every weight stay finite and equal those of the same
+    batch with an ordinary log-prob at that step."""
+    from maze_cli.algorithms.ppo import Appo, Ppo, PpoLearner
+    from maze_cli.policies import ActorCritic, mlp_network
+    from tests import learner_cases
+
+    def update(poison: bool):
+        torch.manual_seed(0)
+        batch = learner_cases.rollout(learner_cases.CARTPOLE)
+        assert batch.autoreset.any()
+        if poison:
+            batch.behaviour_logp[batch.autoreset] = -float("inf")
+        policy = ActorCritic(*learner_cases.CARTPOLE, mlp_network((8,)))
+        hp = (Ppo if algorithm == "ppo" else Appo)(n_epochs=1, n_minibatches=1)
+        learner = PpoLearner(policy, hp, vtrace_targets=algorithm == "appo")
+        metrics = learner.update(batch)
+        return metrics, policy.state_dict()
+
+    (clean, clean_weights), (poisoned, poisoned_weights) = update(False), update(True)
+    assert torch.isfinite(poisoned["loss"]) and all(torch.isfinite(w).all() for w in poisoned_weights.values())
+    torch.testing.assert_close(poisoned["loss"], clean["loss"])
+    for name, weight in clean_weights.items():
+        torch.testing.assert_close(poisoned_weights[name], weight, msg=name)
+
+
 def test_value_clipping_is_the_pessimistic_max_of_clipped_and_unclipped_errors():
     old = torch.tensor([0.0, 0.0, 0.0])
     values = torch.tensor([1.0, 0.1, -1.0])

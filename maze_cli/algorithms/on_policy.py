@@ -137,9 +137,11 @@ def reward_scaler(enabled: bool, gamma: float) -> RewardScaler | None:
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of `x` over the steps where `mask` (real transitions, not autoreset steps) holds."""
-    mask = mask.to(x.dtype)
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+    """Mean of `x` over the steps where `mask` (real transitions, not autoreset steps) holds. The other
+    steps are selected away, not multiplied by 0: whatever they hold (an infinite log-ratio too) never
+    reaches the mean or its gradient."""
+    keep = mask.bool()
+    return torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum() / keep.sum().to(x.dtype).clamp(min=1.0)
 
 
 def normalized_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

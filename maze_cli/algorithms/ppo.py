@@ -182,6 +182,9 @@ class PpoLearner(ActorCriticLearner):
         params, values = out.params.float(), out.values.float()
         dist = self.policy.distribution
         logp = dist.log_prob(params, actions)
+        # Masked steps take the ratio 1: what their behaviour log-prob holds (an action a finished agent never
+        # took, -inf) must not reach the gradient, where even a product with 0 would turn it into NaN.
+        behaviour_logp = torch.where(real, behaviour_logp, logp.detach())
         if hp.normalize_advantage:
             advantages = normalized_advantages(advantages, real)
         surrogate, ratio = clipped_surrogate(logp, behaviour_logp, advantages, clip)
