@@ -1,10 +1,12 @@
 """Bad input to `train`: one line naming the key and what is allowed, exit code 2, no traceback."""
 
+import os
 import subprocess
+import uuid
 
 import pytest
 
-from tests.cli import REPO, TRAIN, run_train
+from tests.cli import REPO, TRAIN, Result, run_train
 from tests.helpers import processes_with_env_tag
 
 
@@ -145,3 +147,21 @@ def test_compile_without_a_cxx_compiler_is_one_line_before_anything_starts(tmp_p
     result = run_train("+env=cartpole", "learner.compile=true", run_dir=tmp_path / "run", env={"CXX": "/nonexistent/g++"})
     assert_one_line_error(result, "learner.compile=true", "C++ compiler", "learner.compile=false")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("text,needles", [
+    ("env:\n  id: CartPole-v1\n  kwargs: [1\n", ["broken.yaml, line", "not valid YAML", "fix the file"]),
+    ("env:\n  id: CartPole-v1\ntarget_return: ${no_such_key}\n", ["target_return", "no_such_key", "not found"]),
+])
+def test_a_broken_config_file_is_one_line_and_leaves_no_run_dir(tmp_path, text, needles):
+    """A user's env config that is no YAML, or interpolates a key that does not exist: one line naming
+    the file or the key, exit 2, and nothing left behind in the dir the command ran in (no outputs/<date>/)."""
+    (tmp_path / "conf" / "env").mkdir(parents=True)
+    (tmp_path / "conf" / "env" / "broken.yaml").write_text("# @package _global_\n" + text)
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "MAZE_TEST_TAG": tag, "PYTHONPATH": str(REPO)}
+    env.pop("HYDRA_FULL_ERROR", None)
+    proc = subprocess.run([str(TRAIN), "--config-dir", "conf", "+env=broken"], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=tmp_path, stdin=subprocess.DEVNULL)
+    assert_one_line_error(Result(proc.returncode, proc.stdout, proc.stderr, tag), *needles)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conf"]

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 
+import yaml
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
 
 from maze_cli.config.schema import expected_type, known_keys, suggest
 from maze_cli.errors import MazeCliError, first_line
 
-HYDRA_INPUT_ERRORS = (ConfigCompositionException, MissingConfigException, OverrideParseException)
+# A config file that is no YAML, and an interpolation (${...}) that names nothing, are bad input too.
+HYDRA_INPUT_ERRORS = (ConfigCompositionException, MissingConfigException, OverrideParseException, yaml.YAMLError,
+                      InterpolationResolutionError)
 
 
 def _unknown_key(full_key: str, argv: list[str]) -> str:
@@ -43,6 +46,15 @@ def explain(err: BaseException, argv: list[str]) -> str | None:
         if group:
             return f"{group}={name}: no such {group} config; available: {options}"
         return first_line(str(err))
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
+        mark = err.problem_mark
+        return (f"{mark.name}, line {mark.line + 1}: not valid YAML ({err.context or err.problem}; {err.problem}); "
+                f"fix the file")
+    if isinstance(err, yaml.YAMLError):
+        return f"a config file is not valid YAML: {first_line(str(err))}"
+    if isinstance(err, InterpolationResolutionError):
+        key = getattr(err, "full_key", None)
+        return f"{key or 'a config value'}: {first_line(err.msg)}; set it to a value or to an interpolation of an existing key"
     if isinstance(err, OverrideParseException):
         return f"cannot parse the override '{err.override}': {first_line(err.message)}"
     if isinstance(err, ConfigCompositionException):

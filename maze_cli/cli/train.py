@@ -502,6 +502,12 @@ def _discard_unused_run_dir() -> None:
         (run_dir / ".hydra").rmdir()
         log_file.unlink(missing_ok=True)
         run_dir.rmdir()
+        # and the dirs above it that it alone made (outputs/<date>/), inside the dir the command ran in
+        cwd = Path(HydraConfig.get().runtime.cwd).resolve()
+        for parent in run_dir.resolve().parents:
+            if parent == cwd or cwd not in parent.parents or any(parent.iterdir()):
+                break
+            parent.rmdir()
     except OSError:
         pass
 
@@ -528,6 +534,8 @@ def _hydra_train(cfg: DictConfig) -> float:
         STOPPED_BY_FULL_DISK.add(Path(HydraConfig.get().runtime.output_dir).name)
         return float("nan")  # no objective: a sweeper records the trial as failed
     except Exception as err:
+        if explain(err, sys.argv[1:]) is not None:  # bad input found inside the job (an interpolation): nothing ran
+            _discard_unused_run_dir()
         _exit_on_user_error(err)
         raise
 
