@@ -145,7 +145,7 @@ def test_the_console_shows_a_row_at_most_every_interval_and_always_the_last(capl
 
 @pytest.mark.parametrize("args,envs,evals", [
     (["+env=cartpole"], 16, 1),
-    (["+env=pendulum", "algorithm=sac"], 8, 1),
+    (["+env=pendulum", "algorithm=sac"], 2, 1),
     (["+env=cartpole", "runner.envs_per_actor=4", "eval.interval=3"], 4, 3),
 ])
 def test_keys_left_null_take_the_algorithms_defaults(args, envs, evals):
