@@ -283,8 +283,8 @@ def test_two_learners_learn_the_cooperative_env_each_row_counting_both(tmp_path,
     the rows count both learners' agent steps and episodes, and the team learns."""
     run_dir = tmp_path / "run"
     result = run_train(*team_config(tmp_path), f"algorithm={algorithm}", "runner=subproc", "learner.num_learners=2",
-                       "runner.envs_per_actor=16", "runner.batch_size=1", "algorithm.n_rollout_steps=32", "epoch_length=10", "max_env_steps=40000",
-                       "eval.episodes=4", "seed=1", run_dir=run_dir, timeout=240)
+                       "runner.envs_per_actor=16", "runner.batch_size=1", "algorithm.n_rollout_steps=32", "epoch_length=10",
+                       "max_env_steps=40000", "eval.episodes=4", "seed=1", run_dir=run_dir, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "learner 1 (pid" in result.stdout + result.stderr
     rows = read_stats(run_dir)
