@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 pytest.importorskip("pettingzoo")
 
@@ -18,7 +20,9 @@ from maze_cli.envs.batch import make_env_batch  # noqa: E402
 from maze_cli.envs.multiagent import MultiAgentBatch  # noqa: E402
 from maze_cli.parallel import SequentialDistributedActors  # noqa: E402
 from maze_cli.policies import ActorCritic, mlp_network  # noqa: E402
+from maze_cli.records import Rollout  # noqa: E402
 from tests.cli import REPO, run_train  # noqa: E402
+from tests.helpers import processes_with_env_tag, wait_until  # noqa: E402
 
 TEAM = {"_target_": "tests.envs.signal_team_env", "length": 6}
 LEAVING = {**TEAM, "leave_at": 2}  # agent_1 is done after 2 of the 6 steps
@@ -191,3 +195,104 @@ def test_agent_id_on_a_single_agent_env_is_one_line(tmp_path):
     result = run_train("+env=cartpole", "+env.agent_id=true", run_dir=tmp_path / "run")
     assert result.returncode != 0
     assert "env.agent_id" in result.stderr and result.stderr.strip().count("\n") == 0
+
+
+# -- several learners (learner.num_learners) ----------------------------------------------------------
+def _rows(batch: Rollout, rows: list[int]) -> Rollout:
+    """The rows `rows` of a time-major batch (batch-first fields indexed on their first dim)."""
+    def take(name: str, value):
+        dim = 0 if name in Rollout.BATCH_FIRST else 1
+        pick = (lambda t: t[rows]) if dim == 0 else (lambda t: t[:, rows])
+        if isinstance(value, dict):
+            return {k: pick(v) for k, v in value.items()}
+        if isinstance(value, tuple):
+            return tuple(pick(v) for v in value)
+        return None if value is None else pick(value)
+
+    return Rollout(**{f.name: take(f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch)})
+
+
+def _team_learner(algorithm: str, spaces, group=None):
+    """A seeded learner: the same initial weights in every process."""
+    torch.manual_seed(7)
+    policy = ActorCritic(*spaces, mlp_network((16, 16), "tanh"))
+    if algorithm == "impala":
+        return ImpalaLearner(policy, Impala(normalize_advantage=False), "cpu", False, group=group)
+    # one minibatch, advantages as they are: the batch-wide statistics are then those of every learner's batch
+    return PpoLearner(policy, Ppo(n_epochs=2, n_minibatches=1, normalize_advantage=False, entropy_coef=0.01), "cpu", False,
+                      max_env_steps=10_000, group=group)
+
+
+def _team_learner_process(rank: int, port: int, algorithm: str, spaces, batch: Rollout, rows: list[int], updates: int, results) -> None:
+    from maze_cli.distributed import GroupSpec, LearnerGroup
+
+    torch.set_num_threads(1)
+    group = LearnerGroup(GroupSpec(rank, 2, "127.0.0.1", port, 60.0))
+    try:
+        learner = _team_learner(algorithm, spaces, group)
+        for _ in range(updates):
+            learner.update(_rows(batch, rows))
+        results.put((rank, {k: v.detach().numpy() for k, v in learner.policy.state_dict().items()}))
+    finally:
+        group.close()
+
+
+@pytest.mark.parametrize("algorithm", ["impala", "ppo"])
+def test_two_learners_on_unevenly_masked_rows_make_the_update_of_one_learner_on_all_rows(algorithm):
+    """Learner 0 takes the rows of agent_0 (every step a transition), learner 1 those of agent_1 (done
+    after 2 of 6 steps: two thirds of its steps masked). Their gradients are averaged weighted by their
+    real steps, so the two make the update of one learner on all rows; an average of the two learners'
+    means would weigh agent_1's few steps as much as agent_0's many."""
+    from maze_cli.distributed import main_store
+
+    batch, _, policy = collect(LEAVING, envs=8)
+    spaces = (policy.observation_space, policy.action_space)
+    agent_0, agent_1 = list(range(0, 8, 2)), list(range(1, 8, 2))
+    real = (~batch.autoreset).sum(0)
+    assert int(real[agent_0].sum()) == 3 * int(real[agent_1].sum())  # the shares differ: the weighting matters
+    updates = 4
+    store = main_store("127.0.0.1", 2, 60.0)
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_team_learner_process, args=(rank, store.port, algorithm, spaces, batch, rows, updates, results))
+                 for rank, rows in ((0, agent_0), (1, agent_1))]
+    for p in processes:
+        p.start()
+    try:
+        got = {rank: {k: torch.from_numpy(v) for k, v in params.items()} for rank, params in (results.get(timeout=120) for _ in processes)}
+    finally:
+        for p in processes:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    torch.set_num_threads(1)
+    alone = _team_learner(algorithm, spaces)
+    for _ in range(updates):
+        alone.update(batch)
+    start = _team_learner(algorithm, spaces).policy.state_dict()
+    expected = alone.policy.state_dict()
+    for name, value in expected.items():
+        assert torch.equal(got[0][name], got[1][name]), f"{name} differs between the learners"
+        torch.testing.assert_close(got[0][name], value, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    assert any(not torch.equal(start[k], expected[k]) for k in expected), "the updates changed nothing"
+
+
+@pytest.mark.parametrize("algorithm", ["impala", "ppo"])
+def test_two_learners_learn_the_cooperative_env_each_row_counting_both(tmp_path, algorithm):
+    """learner.num_learners=2 on a PettingZoo env: each learner steps its own actor's envs of 2 agents;
+    the rows count both learners' agent steps and episodes, and the team learns."""
+    run_dir = tmp_path / "run"
+    result = run_train(*team_config(tmp_path), f"algorithm={algorithm}", "runner=subproc", "learner.num_learners=2",
+                       "runner.envs_per_actor=16", "runner.batch_size=1", "algorithm.n_rollout_steps=32", "epoch_length=10",
+                       "max_env_steps=40000", "eval.episodes=4", "seed=1", run_dir=run_dir, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "learner 1 (pid" in result.stdout + result.stderr
+    rows = read_stats(run_dir)
+    # an epoch of 10 iterations, each learner learning from its own rollout of 16 rows (8 envs x 2 agents) x 32 steps
+    assert rows[0]["env_steps"] == 2 * 10 * 16 * 32
+    # every episode is 8 steps: the epoch's episodes are those of both learners' rows (and of the rollouts
+    # PPO dropped as collected by an older policy, whose steps it does not count)
+    assert rows[0]["train/episodes"] * 8 == rows[0]["env_steps"] + rows[0]["dropped_rollouts"] * 16 * 32
+    assert rows[-1]["eval/return_mean"] >= 7.5  # per agent; random play: 4
+    assert rows[-1]["eval/env/team_return"] == pytest.approx(2 * rows[-1]["eval/return_mean"])
+    assert wait_until(lambda: processes_with_env_tag(result.tag) == [], timeout=15)
