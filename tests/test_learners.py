@@ -84,33 +84,45 @@ def _learner_process(rank: int, port: int, algorithm: str, spaces, results) -> N
         group.close()
 
 
-@pytest.mark.parametrize("algorithm,spaces", [("impala", PENDULUM), ("ppo", CARTPOLE)])
-def test_two_learners_on_half_batches_make_the_update_of_one_learner_on_the_whole_batches(algorithm, spaces):
+def learners_in_processes(target, args_of_rank: dict[int, tuple]) -> dict[int, dict[str, torch.Tensor]]:
+    """Run `target(rank, port, *args, results)` in a spawned process per rank, joined by one store; each
+    puts `(rank, {name: parameter as numpy})` on `results`. Returns the parameters of every rank."""
     from maze_cli.distributed import main_store
 
-    store = main_store("127.0.0.1", 2, 60.0)
+    store = main_store("127.0.0.1", len(args_of_rank), 60.0)
     context = mp.get_context("spawn")
     results = context.Queue()
-    processes = [context.Process(target=_learner_process, args=(rank, store.port, algorithm, spaces, results)) for rank in (0, 1)]
+    processes = [context.Process(target=target, args=(rank, store.port, *args, results)) for rank, args in args_of_rank.items()]
     for p in processes:
         p.start()
     try:
-        got = {rank: {k: torch.from_numpy(v) for k, v in params.items()} for rank, params in (results.get(timeout=120) for _ in processes)}
+        return {rank: {k: torch.from_numpy(v) for k, v in params.items()} for rank, params in (results.get(timeout=120) for _ in processes)}
     finally:
         for p in processes:
             p.join(10)
             if p.is_alive():
                 p.kill()
+
+
+def assert_each_learner_made(got: dict[int, dict[str, torch.Tensor]], expected: dict[str, torch.Tensor],
+                             start: dict[str, torch.Tensor]) -> None:
+    """Every learner holds the same parameters, those of `expected` (one learner's update on all the data),
+    and the updates moved them from `start`."""
+    for name, value in expected.items():
+        for rank in got:
+            assert torch.equal(got[rank][name], got[0][name]), f"{name} differs between learners 0 and {rank}"
+        torch.testing.assert_close(got[0][name], value, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    assert any(not torch.equal(start[k], expected[k]) for k in expected), "the updates changed nothing"
+
+
+@pytest.mark.parametrize("algorithm,spaces", [("impala", PENDULUM), ("ppo", CARTPOLE)])
+def test_two_learners_on_half_batches_make_the_update_of_one_learner_on_the_whole_batches(algorithm, spaces):
+    got = learners_in_processes(_learner_process, {rank: (algorithm, spaces) for rank in (0, 1)})
     torch.set_num_threads(1)
     alone = _learner(algorithm, spaces)
     for batch in _batches(spaces, UPDATES):
         alone.update(batch)
-    expected = _params(alone)
-    start = _params(_learner(algorithm, spaces))
-    for name, value in expected.items():
-        assert torch.equal(got[0][name], got[1][name]), f"{name} differs between the learners"
-        torch.testing.assert_close(got[0][name], value, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
-    assert any(not torch.equal(start[k], expected[k]) for k in expected), "the updates changed nothing"
+    assert_each_learner_made(got, _params(alone), _params(_learner(algorithm, spaces)))
 
 
 # -- whole runs ----------------------------------------------------------------------------------------

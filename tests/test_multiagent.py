@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 pytest.importorskip("pettingzoo")
 
@@ -23,6 +22,7 @@ from maze_cli.policies import ActorCritic, mlp_network  # noqa: E402
 from maze_cli.records import Rollout  # noqa: E402
 from tests.cli import REPO, run_train  # noqa: E402
 from tests.helpers import processes_with_env_tag, wait_until  # noqa: E402
+from tests.test_learners import assert_each_learner_made, learners_in_processes  # noqa: E402
 
 TEAM = {"_target_": "tests.envs.signal_team_env", "length": 6}
 LEAVING = {**TEAM, "leave_at": 2}  # agent_1 is done after 2 of the 6 steps
@@ -243,38 +243,19 @@ def test_two_learners_on_unevenly_masked_rows_make_the_update_of_one_learner_on_
     after 2 of 6 steps: two thirds of its steps masked). Their gradients are averaged weighted by their
     real steps, so the two make the update of one learner on all rows; an average of the two learners'
     means would weigh agent_1's few steps as much as agent_0's many."""
-    from maze_cli.distributed import main_store
-
     batch, _, policy = collect(LEAVING, envs=8)
     spaces = (policy.observation_space, policy.action_space)
     agent_0, agent_1 = list(range(0, 8, 2)), list(range(1, 8, 2))
     real = (~batch.autoreset).sum(0)
     assert int(real[agent_0].sum()) == 3 * int(real[agent_1].sum())  # the shares differ: the weighting matters
     updates = 4
-    store = main_store("127.0.0.1", 2, 60.0)
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    processes = [context.Process(target=_team_learner_process, args=(rank, store.port, algorithm, spaces, batch, rows, updates, results))
-                 for rank, rows in ((0, agent_0), (1, agent_1))]
-    for p in processes:
-        p.start()
-    try:
-        got = {rank: {k: torch.from_numpy(v) for k, v in params.items()} for rank, params in (results.get(timeout=120) for _ in processes)}
-    finally:
-        for p in processes:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
+    got = learners_in_processes(_team_learner_process, {0: (algorithm, spaces, batch, agent_0, updates),
+                                                        1: (algorithm, spaces, batch, agent_1, updates)})
     torch.set_num_threads(1)
     alone = _team_learner(algorithm, spaces)
     for _ in range(updates):
         alone.update(batch)
-    start = _team_learner(algorithm, spaces).policy.state_dict()
-    expected = alone.policy.state_dict()
-    for name, value in expected.items():
-        assert torch.equal(got[0][name], got[1][name]), f"{name} differs between the learners"
-        torch.testing.assert_close(got[0][name], value, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
-    assert any(not torch.equal(start[k], expected[k]) for k in expected), "the updates changed nothing"
+    assert_each_learner_made(got, alone.policy.state_dict(), _team_learner(algorithm, spaces).policy.state_dict())
 
 
 @pytest.mark.parametrize("algorithm", ["impala", "ppo"])
