@@ -2,6 +2,7 @@
 failures and restarts, clean stops."""
 
 import math
+import multiprocessing.synchronize
 import time
 from functools import partial
 
@@ -220,6 +221,24 @@ def test_an_actor_error_reaches_the_learner_with_index_seeds_and_traceback(cls):
     assert info.value.env_seed == [3, 4][info.value.actor_index]
     if cls is SubprocDistributedActors:
         assert wait_until(lambda: not actors.processes)
+
+
+def holds_a_lock(obj: object, depth: int = 2) -> bool:
+    """Whether `obj` is, or holds within `depth` attributes, a multiprocessing lock or semaphore
+    (an Event, a Condition and a Queue each hold some)."""
+    if isinstance(obj, multiprocessing.synchronize.SemLock):
+        return True
+    return depth > 0 and hasattr(obj, "__dict__") and any(holds_a_lock(v, depth - 1) for v in vars(obj).values())
+
+
+def test_actors_share_no_lock_that_a_killed_actor_could_hold():
+    """An actor SIGKILLed while it holds a lock it shares with the others (an Event's `is_set`
+    takes one) would block every other actor and the learner's stop, forever."""
+    actors = make_actors(SubprocDistributedActors, partial(CountingEnv, length=5), n_actors=2)
+    with actors:
+        actors.collect_outputs("cpu")
+        shared = [arg for index in range(actors.n_actors) for arg in actors._actor_args(index, outbox=None)]
+        assert len(shared) > 10 and not [arg for arg in shared if holds_a_lock(arg)]
 
 
 def test_a_killed_actor_is_noticed_within_seconds():

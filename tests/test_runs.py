@@ -125,7 +125,9 @@ def test_every_trained_epoch_appears_once_across_three_interrupts_and_resumes(tm
     back to the last checkpoint on resume. Either way epochs and env steps go up one row at a time."""
     import random
 
-    rng = random.Random()
+    seed = random.randrange(2**32)
+    print(f"kill moments drawn with random.Random({seed})")  # shown with a failure, to replay it
+    rng = random.Random(seed)
     run_dir = tmp_path / "run"
     first = ["+env=cartpole", "runner=subproc", "checkpoint.interval=3", "target_return=null", "max_env_steps=100000000",
              "epoch_length=2", "eval.interval=2", "eval.episodes=2"]
@@ -267,7 +269,9 @@ def test_thirty_actor_kills_at_random_moments_never_stall_the_learner(tmp_path):
     goes on with no long gap between epochs and leaves no process behind."""
     import random
 
-    rng = random.Random()
+    seed = random.randrange(2**32)
+    print(f"kill moments drawn with random.Random({seed})")  # shown with a failure, to replay it
+    rng = random.Random(seed)
     run_dir = tmp_path / "run"
     proc, tag = start_train("+env=cartpole", "runner=subproc", "runner.n_actors=4", "runner.envs_per_actor=8", "runner.max_restarts=60",
                             "target_return=null", "max_env_steps=100000000", "eval.interval=0", "epoch_length=4", run_dir=run_dir)

@@ -1,6 +1,7 @@
 """The shared-weights seqlock under a concurrent writer and reader: no torn read, no going back."""
 
 import multiprocessing as mp
+import os
 import queue
 import random
 import time
@@ -70,3 +71,32 @@ def test_a_reader_in_another_process_never_sees_a_torn_or_older_version():
     versions = [v for v, _ in pulls]
     assert all(a <= b for a, b in zip(versions, versions[1:])), "a pull returned an older version than the one before"
     assert len(set(versions)) >= 20, "the writer and the reader hardly overlapped: the test proved nothing"
+
+
+def killed_writer(weights: SharedWeights, report) -> None:
+    """Fault injection: a writer that starts a reader, then dies in the middle of a publish (the
+    counter left odd), as a learner SIGKILLed while it copies the weights in."""
+    ctx = mp.get_context("spawn")
+    ctx.Process(target=pull_after_the_writer_died, args=(weights, report), daemon=False).start()
+    weights._sequence += 1  # a publish begun, never finished
+    os._exit(0)
+
+
+def pull_after_the_writer_died(weights: SharedWeights, report) -> None:
+    try:
+        weights.pull(make_module())
+        report.send("pulled")
+    except RuntimeError as err:
+        report.send(str(err))
+
+
+def test_a_reader_whose_writer_died_mid_publish_gives_up_instead_of_spinning():
+    """Else an actor of a SIGKILLed learner would spin forever at a full core, left behind."""
+    weights = SharedWeights(make_module())
+    ctx = mp.get_context("spawn")  # the writer starts the reader: no forkserver of its own to leave behind
+    receive, report = ctx.Pipe(duplex=False)
+    writer = ctx.Process(target=killed_writer, args=(weights, report))
+    writer.start()
+    writer.join(timeout=60)
+    assert receive.poll(30), "the reader still spins 30 s after its writer died"
+    assert receive.recv() == "the learner died while publishing weights"

@@ -4,6 +4,7 @@ when the version changed."""
 from __future__ import annotations
 
 import functools
+import multiprocessing as mp
 
 import torch
 from torch import nn
@@ -15,6 +16,14 @@ def _allocate(layout: list[tuple[str, tuple[int, ...], torch.dtype]], memory: Me
     """The weights' tensors (zeros) and the sequence counter, in `memory`."""
     tensors = {key: memory.tensor(shape, dtype, 0) for key, shape, dtype in layout}
     return tensors, memory.tensor((1,), torch.int64, 0)
+
+
+def _check_writer_alive() -> None:
+    """A reader that finds a publish under way: the writer (this process's parent) may have been
+    killed in the middle of it, and the counter then stays odd; stop retrying in that case."""
+    parent = mp.parent_process()
+    if parent is not None and not parent.is_alive():
+        raise RuntimeError("the learner died while publishing weights")
 
 
 class SharedWeights:
@@ -69,7 +78,9 @@ class SharedWeights:
             module.load_state_dict(self.tensors)  # raises, naming the keys or shapes that differ
         while True:
             before = int(self._sequence[0])
-            if before % 2 == 0:
+            if before % 2 == 1:
+                _check_writer_alive()
+            else:
                 with torch.no_grad():
                     for key, tensor in self.tensors.items():
                         targets[key].copy_(tensor)

@@ -3,7 +3,9 @@
 Only a slot index and small metadata travel between the processes, and every actor has channels
 of its own: a pipe of slots to fill (the learner's requests) and a pipe back to the learner. An
 actor killed anywhere, inside a pipe operation too, thus breaks only its own channels,
-which its restart replaces; no lock is shared that a dead actor could hold. The learner owns the
+which its restart replaces; no lock is shared that a dead actor could hold (the run's stop is a
+shared flag, not a multiprocessing Event: its every `is_set` takes a lock shared by all processes,
+and an actor killed inside one would block every other actor and the learner's stop). The learner owns the
 pool of `queue_size + n_actors` slots and hands each free slot to the actor with the fewest open
 ones, which bounds how stale a rollout can be (see `queue_out_of_sync_factor`); the slots of a
 failed actor come back to the pool when it is restarted.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import ctypes
 import functools
 import logging
 import multiprocessing as mp
@@ -48,10 +51,11 @@ def _send(connection, message) -> bool:
         return False
 
 
-def _get(connection, stop_event):
-    """Receive from the learner's requests unless the run is stopping or the learner is gone; None then."""
+def _get(connection, stopping) -> int | None:
+    """The next slot the learner requests; None once the run stops (`stopping`, a flag in shared
+    memory read without a lock) or the learner is gone."""
     parent = mp.parent_process()
-    while not stop_event.is_set():
+    while not stopping.value:
         try:
             if connection.poll(_POLL_S):
                 return connection.recv()
@@ -76,7 +80,7 @@ def actor_process(
     requests,
     outbox,
     weights: SharedWeights,
-    stop_event,
+    stopping,
     env_seed: int,
     agent_seed: int,
     initial_policy: nn.Module | None,
@@ -93,9 +97,9 @@ def actor_process(
     slot = None  # the slot this actor holds, handed back with an error report
     try:
         actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy)
-        while not stop_event.is_set():
+        while not stopping.value:
             t0 = time.perf_counter()
-            slot = _get(requests, stop_event)
+            slot = _get(requests, stopping)
             if slot is None:
                 break
             wait = time.perf_counter() - t0
@@ -187,7 +191,7 @@ class SubprocDistributedActors(DistributedActors):
         self._open = OpenRequests(self.n_actors)
         self._received: collections.deque = collections.deque()
         self.weights = SharedWeights(self.policy, self._memories[1])
-        self.stop_event = self._ctx.Event()
+        self._stopping = self._ctx.RawValue(ctypes.c_bool, False)
         self._policy_copy = copy.deepcopy(self.policy)
         self._stopped = False
         self.processes = [None] * self.n_actors
@@ -197,7 +201,6 @@ class SubprocDistributedActors(DistributedActors):
 
     def _spawn(self, index: int) -> None:
         """Start actor `index` with fresh channels of its own."""
-        env_seed, agent_seed = self.restart_seeds(index)
         # Requests travel through a pipe the learner writes itself: an mp.Queue's feeder thread would
         # contend for the learner's GIL after every slot handed out, which costs most when the actors
         # keep every core busy (benchmarks/ACTING.md). The learner keeps its copy of the reading end
@@ -205,19 +208,17 @@ class SubprocDistributedActors(DistributedActors):
         # slots: it never fills); a restart replaces the pipe.
         self._request_readers[index], self._requests[index] = self._ctx.Pipe(duplex=False)
         inbox, outbox = self._ctx.Pipe(duplex=False)
-        process = self._ctx.Process(
-            target=actor_process,
-            name=f"maze-actor-{index}",
-            args=(
-                index, self.env_factory, self._policy_copy, self.rollout_spec, self._slots, self._request_readers[index], outbox,
-                self.weights, self.stop_event, env_seed, agent_seed, self.initial_policy, self.actor_restarts[index],
-            ),
-            daemon=True,
-        )
+        process = self._ctx.Process(target=actor_process, name=f"maze-actor-{index}", args=self._actor_args(index, outbox), daemon=True)
         process.start()
         outbox.close()  # the child holds the only sending end: its death reads as the end of the pipe
         self._inboxes[index] = inbox
         self.processes[index] = process
+
+    def _actor_args(self, index: int, outbox) -> tuple:
+        """What actor process `index` is given: everything it shares with the learner and the others."""
+        env_seed, agent_seed = self.restart_seeds(index)
+        return (index, self.env_factory, self._policy_copy, self.rollout_spec, self._slots, self._request_readers[index], outbox,
+                self.weights, self._stopping, env_seed, agent_seed, self.initial_policy, self.actor_restarts[index])
 
     def _hand_out(self, received: int) -> None:
         """Give slots to the actors, each to the one with the fewest open requests: on-policy, what
@@ -251,7 +252,7 @@ class SubprocDistributedActors(DistributedActors):
         if self._stopped:
             return
         self._stopped = True
-        self.stop_event.set()
+        self._stopping.value = True
         deadline = time.monotonic() + _JOIN_TIMEOUT_S
         for process in self.processes:
             while process.is_alive() and time.monotonic() < deadline:
