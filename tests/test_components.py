@@ -115,13 +115,13 @@ def test_tuned_settings_of_an_env_and_algorithm_apply_to_that_pair_only(tmp_path
     import yaml
 
     impala = yaml.safe_load(composed("+env=minatar"))
-    assert impala["algorithm"]["_target_"].endswith(".Impala") and impala["algorithm"]["entropy_coef"] == 0.05
+    assert impala["algorithm"]["_target_"].endswith(".Impala") and impala["algorithm"]["entropy_coef"] == 0.02
     assert impala["algorithm"]["normalize_advantage"] is False and impala["policy"]["hidden_sizes"] == [128]
     assert yaml.safe_load(composed("+env=pendulum"))["algorithm"]["normalize_advantage"] is True  # no tuning file
     sac = yaml.safe_load(composed("+env=minatar", "algorithm=sac"))
     assert "entropy_coef" not in sac["algorithm"] and sac["policy"]["hidden_sizes"] == [256]
-    overridden = yaml.safe_load(composed("+env=minatar", "algorithm.entropy_coef=0.02"))
-    assert overridden["algorithm"]["entropy_coef"] == 0.02  # the command line wins
+    overridden = yaml.safe_load(composed("+env=minatar", "algorithm.entropy_coef=0.03"))
+    assert overridden["algorithm"]["entropy_coef"] == 0.03  # the command line wins
     # A user's own env config may bring its own tuning file.
     config_dir = tmp_path / "configs"
     write(config_dir, "env", "mine", "id: CartPole-v1\n")
