@@ -117,6 +117,7 @@ def test_tuned_settings_of_an_env_and_algorithm_apply_to_that_pair_only(tmp_path
     impala = yaml.safe_load(composed("+env=minatar"))
     assert impala["algorithm"]["_target_"].endswith(".Impala") and impala["algorithm"]["entropy_coef"] == 0.02
     assert impala["algorithm"]["normalize_advantage"] is False and impala["policy"]["hidden_sizes"] == [128]
+    assert impala["runner"]["envs_per_actor"] == 8
     assert yaml.safe_load(composed("+env=pendulum"))["algorithm"]["normalize_advantage"] is True  # no tuning file
     sac = yaml.safe_load(composed("+env=minatar", "algorithm=sac"))
     assert "entropy_coef" not in sac["algorithm"] and sac["policy"]["hidden_sizes"] == [256]
