@@ -2,6 +2,7 @@
 
 import csv
 import os
+import random
 import signal
 import subprocess
 import time
@@ -123,11 +124,7 @@ def last_epoch(run_dir) -> int:
 def test_every_trained_epoch_appears_once_across_three_interrupts_and_resumes(tmp_path):
     """SIGINT and SIGTERM keep the interrupted epoch's row; SIGKILL between checkpoints rolls the rows
     back to the last checkpoint on resume. Either way epochs and env steps go up one row at a time."""
-    import random
-
-    seed = random.randrange(2**32)
-    print(f"kill moments drawn with random.Random({seed})")  # shown with a failure, to replay it
-    rng = random.Random(seed)
+    rng = replayable_rng()
     run_dir = tmp_path / "run"
     first = ["+env=cartpole", "runner=subproc", "checkpoint.interval=3", "target_return=null", "max_env_steps=100000000",
              "epoch_length=2", "eval.interval=2", "eval.episodes=2"]
@@ -251,6 +248,13 @@ def test_a_two_seed_sweep_writes_both_rows_and_the_plot(tmp_path):
     assert (sweep_dir / "summary.png").stat().st_size > 1000
 
 
+def replayable_rng():
+    """A random.Random for kill moments whose seed is printed (pytest shows it with a failure, to replay it)."""
+    seed = random.randrange(2**32)
+    print(f"kill moments drawn with random.Random({seed})")
+    return random.Random(seed)
+
+
 def actor_pids(train_pid: int) -> list[int]:
     """The actor processes of a `train` with subprocess actors (start method forkserver, the
     default): the forkserver's children, i.e. train's grandchildren."""
@@ -267,11 +271,7 @@ def actor_pids(train_pid: int) -> list[int]:
 def test_thirty_actor_kills_at_random_moments_never_stall_the_learner(tmp_path):
     """An actor SIGKILLed anywhere (inside a queue operation too) must not block the others: the run
     goes on with no long gap between epochs and leaves no process behind."""
-    import random
-
-    seed = random.randrange(2**32)
-    print(f"kill moments drawn with random.Random({seed})")  # shown with a failure, to replay it
-    rng = random.Random(seed)
+    rng = replayable_rng()
     run_dir = tmp_path / "run"
     proc, tag = start_train("+env=cartpole", "runner=subproc", "runner.n_actors=4", "runner.envs_per_actor=8", "runner.max_restarts=60",
                             "target_return=null", "max_env_steps=100000000", "eval.interval=0", "epoch_length=4", run_dir=run_dir)
