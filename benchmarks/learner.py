@@ -4,13 +4,16 @@
     python benchmarks/learner.py +env=atari --variants fp32 bf16       # Pong's nature CNN (needs the atari extra)
     python benchmarks/learner.py +env=cartpole algorithm=ppo --variants fp32 compile
     python benchmarks/learner.py +env=pendulum algorithm=sac --updates 200
+    python benchmarks/learner.py +env=minatar device=cuda --variants fp32 bf16 compile-bf16 compile-bf16-cudagraphs
 
-Each variant (`fp32`, `bf16`, `compile` = fp32 compiled, `compile-bf16`) gets a learner built from the
+Each variant (`fp32`, `bf16`, `compile` = fp32 compiled, `compile-bf16`, `compile-bf16-cudagraphs` = compile
+mode reduce-overhead) gets a learner built from the
 same composed config (the shipped defaults and tuning files, plus the overrides given) and seed, and one
 batch collected by real actors (runner=sequential; SAC: a replay buffer filled by its initial policy).
 Then rounds alternate between the variants: each round times `--updates` updates of every variant in
 turn, so a machine's noise hits all of them alike. Printed: the median updates/s and samples/s over
-the rounds (every round's figure too), and how long the first call (compilation) took.
+the rounds (every round's figure too), and how long the first call (compilation) took. On a GPU each
+timing waits for the device to finish its updates. A variant that cannot run here is reported and skipped.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ VARIANTS = {
     "bf16": ["learner.precision=bf16"],
     "compile": ["learner.precision=fp32", "learner.compile=true"],
     "compile-bf16": ["learner.precision=bf16", "learner.compile=true"],
+    "compile-bf16-cudagraphs": ["learner.precision=bf16", "learner.compile=true", "learner.compile_mode=reduce-overhead"],
 }
 
 
@@ -58,6 +62,12 @@ def build(overrides: list[str]):
     def update() -> None:
         learner.update(batch)
 
+    def wait() -> None:  # a GPU runs the updates asynchronously: time them to their end
+        if learner.device.type == "cuda":
+            torch.cuda.synchronize(learner.device)
+
+    update.wait = wait
+
     return learner, update, samples, settings.train.torch_threads
 
 
@@ -70,10 +80,15 @@ def main() -> None:
     args = parser.parse_args()
     learners = {}
     for name in args.variants:
-        learner, update, samples, threads = build([*args.overrides, *VARIANTS[name]])
-        t0 = time.perf_counter()
-        update()  # the first call: compilation, autocast's caches
-        update()
+        try:
+            learner, update, samples, threads = build([*args.overrides, *VARIANTS[name]])
+            t0 = time.perf_counter()
+            update()  # the first call: compilation, autocast's caches
+            update()
+            update.wait()
+        except Exception as error:  # one variant this torch or device cannot run: report it, time the others
+            print(f"{name}: failed: {type(error).__name__}: {str(error)[:500]}", flush=True)
+            continue
         learner.metrics.clear()
         learners[name] = (update, samples, time.perf_counter() - t0)
         print(f"{name}: first two updates {learners[name][2]:.1f} s (precision {learner.precision})", flush=True)
@@ -83,11 +98,12 @@ def main() -> None:
             t0 = time.perf_counter()
             for _ in range(args.updates):
                 update()
+            update.wait()
             rates[name].append(args.updates / (time.perf_counter() - t0))
     print(f"\n{' '.join(args.overrides)}: {args.updates} updates x {args.rounds} rounds, torch threads {threads}")
     print("| variant | updates/s (median) | samples/s | every round | first two updates (s) |")
     print("|---|---:|---:|---|---:|")
-    base = statistics.median(rates[args.variants[0]])
+    base = statistics.median(next(iter(rates.values())))
     for name, (_, samples, first_s) in learners.items():
         median = statistics.median(rates[name])
         every = ", ".join(f"{r:.2f}" for r in rates[name])

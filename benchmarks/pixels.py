@@ -75,9 +75,10 @@ def atari_env():
 
     from maze_cli.cli.paths import config_dir
     from maze_cli.envs.atari import make_atari
+    from maze_cli.envs.factory import OWN_KEYS
 
     config = OmegaConf.load(config_dir() / "env" / "atari.yaml").env
-    settings = {k: v for k, v in OmegaConf.to_container(config).items() if k not in ("_target_", "reward_clip", "id")}
+    settings = {k: v for k, v in OmegaConf.to_container(config).items() if k not in ("_target_", "id", *OWN_KEYS)}
     return make_atari(PONG, **settings), int(settings["frame_skip"])
 
 
