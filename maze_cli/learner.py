@@ -44,6 +44,7 @@ log = logging.getLogger("maze_cli")
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # and "auto": see auto_precision
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs on a GPU
 
 
 @dataclass
@@ -105,7 +106,8 @@ class Learner:
         """`fn` as the learner runs it: under autocast at this learner's precision, compiled if asked.
         The first call of a compiled function compiles it; that call and any later recompilation
         (a batch of a new shape) are logged with the seconds they took."""
-        run = fn if not self.compile else _Compiled(fn, name, self.compile_mode)
+        cuda_graphs = self.device.type == "cuda" and self.compile_mode in CUDA_GRAPH_MODES
+        run = fn if not self.compile else _Compiled(fn, name, self.compile_mode, cuda_graphs)
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
@@ -120,9 +122,12 @@ class Learner:
         """The context of every forward pass: autocast to bf16 / fp16, or nothing for fp32."""
         if self.precision == "auto":  # decided on first use, when the parameters are known
             # conv kernels are the parameters with 4 dims or more ([out, in, h, w])
-            convolutional = any(p.dim() >= 4 for group in self.groups.values() for p in group.params)
-            self.precision = auto_precision(self.device, convolutional)
-            log.info(f"learner.precision=auto: {self.precision} ({'conv' if convolutional else 'no conv'} layers on {self.device.type})")
+            params = [p for group in self.groups.values() for p in group.params]
+            convolutional = any(p.dim() >= 4 for p in params)
+            parameters = sum(p.numel() for p in params)
+            self.precision = auto_precision(self.device, convolutional, parameters)
+            log.info(f"learner.precision=auto: {self.precision} ({'conv' if convolutional else 'no conv'} layers, "
+                     f"{parameters:,} parameters, on {self.device.type})")
         dtype = PRECISIONS[self.precision]
         if dtype is None:
             return contextlib.nullcontext()
@@ -223,13 +228,19 @@ def check_options(precision: str, compile: bool, device: str) -> None:
                               "of torch bring); or set learner.compile=false")
 
 
-def auto_precision(device: torch.device, convolutional: bool) -> str:
-    """What `learner.precision=auto` becomes: bf16 on a GPU with bf16, and for conv policies on a CPU
-    with bf16 matrix units (AMX); fp32 elsewhere: small MLPs gain nothing from bf16, a CPU without
-    bf16 instructions only emulates it, and one with AVX512-BF16 but no AMX ran the Atari learner
-    slower in bf16 than in fp32 (benchmarks/LEARNER.md)."""
+GPU_BF16_MIN_PARAMETERS = 500_000  # below this a GPU's update is bound by kernel launches, not arithmetic
+
+
+def auto_precision(device: torch.device, convolutional: bool, parameters: int = 0) -> str:
+    """What `learner.precision=auto` becomes: bf16 for conv policies on a CPU with bf16 matrix units
+    (AMX), and for conv policies of `GPU_BF16_MIN_PARAMETERS` or more on a GPU with bf16; fp32
+    elsewhere. Small networks gain nothing from bf16: a CPU without bf16 instructions only emulates
+    it, one with AVX512-BF16 but no AMX ran the Atari learner slower in bf16 than in fp32, and on a
+    GPU the update of a small net waits on kernel launches, to which autocast only adds its casts:
+    MinAtar's conv policy ran slower in bf16 there, the nature CNN faster (benchmarks/LEARNER.md)."""
     if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+        large = convolutional and parameters >= GPU_BF16_MIN_PARAMETERS
+        return "bf16" if large and torch.cuda.is_bf16_supported() else "fp32"
     return "bf16" if convolutional and cpu_has_bf16_units() else "fp32"
 
 
@@ -246,10 +257,14 @@ def cpu_has_bf16_units() -> bool:
 class _Compiled:
     """A function compiled with torch.compile on its first call; compilations are logged (the first
     call's always; a later one's where torch's counters say a graph was added, as a batch of a new
-    shape does)."""
+    shape does).
 
-    def __init__(self, fn: Callable, name: str, mode: str):
-        self.fn, self.name, self.mode = fn, name, mode
+    Under CUDA graphs (`cuda_graphs`) every call replays into the same output memory, so the next
+    call would overwrite the tensors of this one that the learner still holds (its metrics, kept
+    until the epoch's end): each call starts a new graph step and returns copies of its tensors."""
+
+    def __init__(self, fn: Callable, name: str, mode: str, cuda_graphs: bool = False):
+        self.fn, self.name, self.mode, self.cuda_graphs = fn, name, mode, cuda_graphs
         self.compiled: Callable | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -258,10 +273,24 @@ class _Compiled:
             self.compiled = torch.compile(self.fn, mode=None if self.mode == "default" else self.mode, dynamic=False)
         graphs = _compiled_graphs()
         t0 = time.perf_counter()
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         out = self.compiled(*args, **kwargs)
         if first or _compiled_graphs() != graphs:
             log.info(f"compiled {self.name} in {time.perf_counter() - t0:.1f} s (learner.compile=true)")
-        return out
+        return _copy_tensors(out) if self.cuda_graphs else out
+
+
+def _copy_tensors(out: Any) -> Any:
+    """`out` with each of its tensors (in dicts, tuples and lists) cloned; clone is differentiable,
+    so the losses among them still backpropagate into the graph that made them."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, Mapping):
+        return {key: _copy_tensors(value) for key, value in out.items()}
+    if isinstance(out, (tuple, list)):
+        return type(out)(_copy_tensors(value) for value in out)
+    return out
 
 
 def _compiled_graphs() -> int | None:

@@ -59,6 +59,44 @@ def test_auto_precision_is_fp32_for_mlps_and_for_conv_policies_only_where_the_cp
     assert auto_precision(torch.device("cpu"), convolutional=True) == ("bf16" if cpu_has_bf16_units() else "fp32")
 
 
+def test_auto_precision_on_a_gpu_is_bf16_only_for_large_conv_policies(monkeypatch):
+    """On a GPU a small net's update waits on kernel launches and autocast adds casts: MinAtar's conv
+    policy (132k parameters) ran slower in bf16, the nature CNN (883k) faster."""
+    from maze_cli.learner import GPU_BF16_MIN_PARAMETERS, auto_precision
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    cuda = torch.device("cuda")
+    assert auto_precision(cuda, convolutional=True, parameters=883_000) == "bf16"
+    assert auto_precision(cuda, convolutional=True, parameters=132_000) == "fp32"
+    assert auto_precision(cuda, convolutional=False, parameters=10 * GPU_BF16_MIN_PARAMETERS) == "fp32"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    assert auto_precision(cuda, convolutional=True, parameters=883_000) == "fp32"
+
+
+def test_under_cuda_graphs_a_compiled_loss_returns_tensors_the_next_call_cannot_overwrite():
+    """compile_mode=reduce-overhead on a GPU replays every call into the same output memory; the
+    learner keeps an update's metrics until the epoch's end, so each call must hand back copies (a
+    real run on a GPU failed with "accessing tensor output of CUDAGraphs that has been overwritten"
+    before). Checked here where it can be: the copies are new tensors, and the loss among them
+    still backpropagates."""
+    from maze_cli.learner import _Compiled
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    held = {}
+
+    def loss_fn(x):
+        loss = (weight * x).sum()
+        held["loss"] = loss
+        return loss, {"loss": loss.detach(), "parts": [x.mean()]}
+
+    loss, metrics = _Compiled(loss_fn, "test", "reduce-overhead", cuda_graphs=True)(torch.arange(3.0))
+    loss.backward()
+    torch.testing.assert_close(weight.grad, torch.arange(3.0))
+    assert metrics["loss"].item() == 3.0 and metrics["parts"][0].item() == 1.0
+    for out in (loss, metrics["loss"], metrics["parts"][0]):
+        assert out.untyped_storage().data_ptr() != held["loss"].untyped_storage().data_ptr()
+
+
 def test_metrics_recorded_as_tensors_are_read_back_once_in_the_order_recorded():
     from maze_cli.stats.aggregator import EpochStatsAggregator
 
