@@ -59,16 +59,14 @@ def build(overrides: list[str]):
             batch = run.runner.collect_outputs(learner.device)[0]
     samples = len(batch.transitions) if hasattr(batch, "transitions") else batch.rewards.numel()
 
-    def update() -> None:
-        learner.update(batch)
-
-    def wait() -> None:  # a GPU runs the updates asynchronously: time them to their end
+    def updates(n: int) -> None:
+        """`n` updates, to their end: a GPU runs them asynchronously, so wait for it before the clock is read."""
+        for _ in range(n):
+            learner.update(batch)
         if learner.device.type == "cuda":
             torch.cuda.synchronize(learner.device)
 
-    update.wait = wait
-
-    return learner, update, samples, settings.train.torch_threads
+    return learner, updates, samples, settings.train.torch_threads
 
 
 def main() -> None:
@@ -81,24 +79,22 @@ def main() -> None:
     learners = {}
     for name in args.variants:
         try:
-            learner, update, samples, threads = build([*args.overrides, *VARIANTS[name]])
+            learner, updates, samples, threads = build([*args.overrides, *VARIANTS[name]])
             t0 = time.perf_counter()
-            update()  # the first call: compilation, autocast's caches
-            update()
-            update.wait()
+            updates(2)  # the first call: compilation, autocast's caches
         except Exception as error:  # one variant this torch or device cannot run: report it, time the others
             print(f"{name}: failed: {type(error).__name__}: {str(error)[:500]}", flush=True)
             continue
         learner.metrics.clear()
-        learners[name] = (update, samples, time.perf_counter() - t0)
+        learners[name] = (updates, samples, time.perf_counter() - t0)
         print(f"{name}: first two updates {learners[name][2]:.1f} s (precision {learner.precision})", flush=True)
+    if not learners:
+        raise SystemExit("no variant could run")
     rates: dict[str, list[float]] = {name: [] for name in learners}
     for _ in range(args.rounds):
-        for name, (update, _, _) in learners.items():
+        for name, (updates, _, _) in learners.items():
             t0 = time.perf_counter()
-            for _ in range(args.updates):
-                update()
-            update.wait()
+            updates(args.updates)
             rates[name].append(args.updates / (time.perf_counter() - t0))
     print(f"\n{' '.join(args.overrides)}: {args.updates} updates x {args.rounds} rounds, torch threads {threads}")
     print("| variant | updates/s (median) | samples/s | every round | first two updates (s) |")
