@@ -119,6 +119,13 @@ def test_tuned_settings_of_an_env_and_algorithm_apply_to_that_pair_only(tmp_path
     assert impala["algorithm"]["normalize_advantage"] is False and impala["policy"]["hidden_sizes"] == [128]
     assert impala["runner"]["envs_per_actor"] == 8
     assert yaml.safe_load(composed("+env=pendulum"))["algorithm"]["normalize_advantage"] is True  # no tuning file
+    # CartPole's actors step 32 envs a forward pass, an update takes one rollout: still 1,024 samples an update
+    for runner in ("subproc", "ray"):
+        cartpole = yaml.safe_load(composed("+env=cartpole", f"runner={runner}"))["runner"]
+        assert (cartpole["envs_per_actor"], cartpole["batch_size"]) == (32, 1), runner
+    assert yaml.safe_load(composed("+env=cartpole", "runner.batch_size=2"))["runner"]["batch_size"] == 2
+    ppo = yaml.safe_load(composed("+env=cartpole", "algorithm=ppo"))["runner"]
+    assert (ppo["envs_per_actor"], ppo["batch_size"]) == (None, 2)
     sac = yaml.safe_load(composed("+env=minatar", "algorithm=sac"))
     assert "entropy_coef" not in sac["algorithm"] and sac["policy"]["hidden_sizes"] == [256]
     overridden = yaml.safe_load(composed("+env=minatar", "algorithm.entropy_coef=0.03"))

@@ -141,8 +141,8 @@ def test_two_learners_solve_cartpole_each_row_counting_both_and_leave_nothing_ru
     assert "stopped: target_return" in result.stdout + result.stderr
     rows = read_stats(run_dir)
     assert rows[-1]["train/return_window_mean"] >= 475
-    # an epoch of 80 iterations, each learner learning from its own 2 rollouts of 16 envs x 32 steps
-    assert rows[0]["env_steps"] == 2 * 80 * 2 * 16 * 32
+    # an epoch of 80 iterations, each learner learning from its own actor's rollout of 32 envs x 32 steps (tuning/cartpole_impala.yaml)
+    assert rows[0]["env_steps"] == 2 * 80 * 1 * 32 * 32
     assert set(_learner_pids(result.stdout + result.stderr)) == {1}
     assert wait_until(lambda: processes_with_env_tag(result.tag) == [], timeout=15)
 
