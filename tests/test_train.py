@@ -52,7 +52,8 @@ def test_cartpole_on_subprocess_actors_learns_far_above_random(tmp_path):
 
 
 def test_same_seed_gives_identical_sequential_runs_and_another_seed_differs(tmp_path):
-    common = ["+env=cartpole", "runner=sequential", "runner.envs_per_actor=8", "max_env_steps=6144", "epoch_length=2"]  # 6 epochs of 2 x 512 steps
+    common = ["+env=cartpole", "runner=sequential", "runner.envs_per_actor=8", "runner.batch_size=2", "max_env_steps=6144",
+              "epoch_length=2"]  # 6 epochs of 2 updates of 2 x 8 x 32 steps
     runs = {}
     for name, seed in [("a", 3), ("b", 3), ("c", 4)]:
         result = run_train(*common, f"seed={seed}", run_dir=tmp_path / name)
@@ -144,7 +145,8 @@ def test_the_console_shows_a_row_at_most_every_interval_and_always_the_last(capl
 
 
 @pytest.mark.parametrize("args,envs,evals", [
-    (["+env=cartpole"], 16, 1),
+    (["+env=acrobot"], 16, 1),
+    (["+env=cartpole"], 32, 1),  # its tuning file's
     (["+env=pendulum", "algorithm=sac"], 2, 1),
     (["+env=cartpole", "runner.envs_per_actor=4", "eval.interval=3"], 4, 3),
 ])
