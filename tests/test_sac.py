@@ -20,7 +20,8 @@ FAST = ["algorithm.initial_buffer_size=256", "algorithm.batch_size=64", "policy.
 @pytest.mark.slow
 def test_pendulum_improves_far_above_random(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_train("+env=pendulum", "algorithm=sac", "runner=subproc", "max_env_steps=10000", "target_return=null",
+    # 15k steps: asynchronous actors make each run differ, and a run now and then was still near -770 at 10k
+    result = run_train("+env=pendulum", "algorithm=sac", "runner=subproc", "max_env_steps=15000", "target_return=null",
                        run_dir=run_dir, timeout=400)
     assert result.returncode == 0, result.stderr
     stats = read_stats(run_dir)
