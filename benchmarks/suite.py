@@ -69,8 +69,13 @@ SUITE = {
     "minigrid": SuiteEnv(("+env=gym", "env.id=MiniGrid-Empty-5x5-v0", "+env.obs_keys=[direction,image]"), 0.9, 400_000, 120,
                          judged_on_eval=True),
     "minatar": SuiteEnv(("+env=minatar",), 10.0, 2_000_000, 180),
+    # memory, with a recurrent core: name the first of the episode's symbols at its last step (suite_envs.RepeatFirst);
+    # 2 symbols over 6 steps, and (harder) 4 over 8
+    "repeat2": SuiteEnv(("+env=repeat", "env.n_symbols=2", "env.length=6", "policy.core=lstm"), 0.9, 1_000_000, 240),
+    "repeat4": SuiteEnv(("+env=repeat", "env.n_symbols=4", "env.length=8", "policy.core=lstm"), 0.9, 1_000_000, 240),
 }
-ENV_CONFIGS = {"goalgrid.yaml": "_target_: suite_envs.GoalGrid\n", "reach.yaml": "_target_: suite_envs.PointReach\n"}
+ENV_CONFIGS = {"goalgrid.yaml": "_target_: suite_envs.GoalGrid\n", "reach.yaml": "_target_: suite_envs.PointReach\n",
+               "repeat.yaml": "_target_: suite_envs.RepeatFirst\nn_symbols: 4\nlength: 8\n"}
 
 
 @dataclass

@@ -105,3 +105,36 @@ def reach_optimal_return(episodes: int = 2000, seed: int = 0) -> float:
             total += reward
             done = terminated or truncated
     return total / episodes
+
+
+class RepeatFirst(gym.Env):
+    """A memory task (POPGym's RepeatFirst, shortened): each step shows one of `n_symbols` symbols,
+    one-hot, drawn at random; after `length` steps the action must name the first one (reward 1,
+    else 0). Only a policy that keeps the first symbol in memory beats chance (1 / n_symbols): the
+    suite runs it with `policy.core=lstm`. A step's action before the query does not matter."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, n_symbols: int = 4, length: int = 8):
+        self.n_symbols, self.length = n_symbols, length
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (n_symbols + 1,), np.float32)  # symbol one-hot, query flag
+        self.action_space = gym.spaces.Discrete(n_symbols)
+        self._first, self._t = 0, 0
+
+    def _obs(self, symbol: int) -> np.ndarray:
+        obs = np.zeros(self.n_symbols + 1, np.float32)
+        obs[symbol] = 1.0
+        obs[-1] = float(self._t == self.length - 1)
+        return obs
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self._t = 0
+        self._first = int(self.np_random.integers(self.n_symbols))
+        return self._obs(self._first), {}
+
+    def step(self, action):
+        if self._t == self.length - 1:
+            return np.zeros(self.n_symbols + 1, np.float32), float(int(action) == self._first), True, False, {}
+        self._t += 1
+        return self._obs(int(self.np_random.integers(self.n_symbols))), 0.0, False, False, {}

@@ -58,6 +58,44 @@ class Budget:
 
 
 @dataclass
+class EvalSchedule:
+    """When the trainer evaluates: at the end of every `interval`-th epoch, or, where
+    `interval_env_steps` or `interval_s` is set, at the end of the first epoch that many env steps
+    or seconds after the last evaluation (whichever comes first), so that the cadence does not hang
+    on an algorithm's epoch length; and at the run's last epoch. `interval=0`: never.
+    `spent_s` sums the seconds spent evaluating: the row's `time/eval_share` is its share of the run."""
+
+    interval: int = 0
+    interval_env_steps: int | None = None
+    interval_s: float | None = None
+    last_env_steps: int = 0
+    last_time_s: float = 0.0
+    spent_s: float = 0.0
+
+    @property
+    def on(self) -> bool:
+        return self.interval > 0
+
+    def due(self, epoch: int, env_steps: int, time_s: float) -> bool:
+        if not self.on:
+            return False
+        if self.interval_env_steps is None and self.interval_s is None:
+            return epoch % self.interval == 0
+        return ((self.interval_env_steps is not None and env_steps - self.last_env_steps >= self.interval_env_steps)
+                or (self.interval_s is not None and time_s - self.last_time_s >= self.interval_s))
+
+    def evaluated(self, env_steps: int, time_s: float, seconds: float) -> None:
+        self.last_env_steps, self.last_time_s = env_steps, time_s
+        self.spent_s += seconds
+
+    def state_dict(self) -> dict[str, float]:
+        return {"last_env_steps": self.last_env_steps, "last_time_s": self.last_time_s, "spent_s": self.spent_s}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.last_env_steps, self.last_time_s, self.spent_s = state["last_env_steps"], state["last_time_s"], state["spent_s"]
+
+
+@dataclass
 class TrainResult:
     epochs: int
     env_steps: int
@@ -77,6 +115,8 @@ class Trainer:
         progress: bool | None = None,
         evaluate: Callable[[], dict[str, float]] | None = None,
         eval_interval: int = 0,
+        eval_interval_env_steps: int | None = None,
+        eval_interval_s: float | None = None,
         on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
         evaluate_first: bool = False,
         group: LearnerGroup | None = None,
@@ -91,7 +131,7 @@ class Trainer:
         self.writers = list(writers)
         self.progress = progress
         self.evaluate = evaluate if eval_interval > 0 else None
-        self.eval_interval = eval_interval
+        self.eval_schedule = EvalSchedule(eval_interval if evaluate is not None else 0, eval_interval_env_steps, eval_interval_s)
         self.on_epoch_end = on_epoch_end
         self.evaluate_first = evaluate_first  # a warm start: epoch 0 is the policy as loaded
         self.env_steps = 0
@@ -103,12 +143,16 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """Counters a resumed run continues from."""
         return {"env_steps": self.env_steps, "epoch": self.epoch, "window": list(self.window),
-                "best_eval": self.best_eval, "time_s": self.time_offset + self.elapsed}
+                "best_eval": self.best_eval, "time_s": self.time_offset + self.elapsed, "eval": self.eval_schedule.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.env_steps, self.epoch, self.best_eval = state["env_steps"], state["epoch"], state["best_eval"]
         self.window.extend(state["window"])
         self.time_offset = state["time_s"]
+        if "eval" in state:  # absent from checkpoints written before evaluation had a schedule
+            self.eval_schedule.load_state_dict(state["eval"])
+        else:
+            self.eval_schedule.last_env_steps, self.eval_schedule.last_time_s = self.env_steps, self.time_offset
 
     def window_mean(self) -> float | None:
         """Mean return of the last `target_window` episodes (None until the window is full)."""
@@ -190,7 +234,7 @@ class Trainer:
                 self._take_other_learners_episodes()
                 reason = reason or self._stop_reason(time.perf_counter() - start)
             stats = close_epoch()
-            if self.evaluate is not None and (self.epoch % self.eval_interval == 0 or reason is not None):
+            if self.evaluate is not None and (reason is not None or self.eval_schedule.due(self.epoch, self.env_steps, stats["time_s"])):
                 reason = self._evaluate_into(stats, reason)
             reason = self._call_callbacks(stats, reason)
             if self.group is not None:
@@ -249,6 +293,8 @@ class Trainer:
             stats["eval/failures"] = 1
             return reason
         stats["time/eval_s"] = time.perf_counter() - start
+        self.eval_schedule.evaluated(self.env_steps, stats["time_s"] + stats["time/eval_s"], stats["time/eval_s"])
+        stats["time/eval_share"] = self.eval_schedule.spent_s / max(stats["time_s"] + stats["time/eval_s"], 1e-9)
         eval_mean = stats["eval/return_mean"]
         if self.best_eval is None or eval_mean > self.best_eval:
             self.best_eval = eval_mean

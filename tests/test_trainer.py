@@ -71,7 +71,7 @@ class ScriptedEval:
 def make(loop=None, writer=None, **budget):
     loop = loop or FakeLoop()
     writer = writer or FakeWriter()
-    kwargs = {k: budget.pop(k) for k in ("evaluate", "eval_interval", "on_epoch_end") if k in budget}
+    kwargs = {k: budget.pop(k) for k in ("evaluate", "eval_interval", "eval_interval_env_steps", "eval_interval_s", "on_epoch_end") if k in budget}
     budget.setdefault("max_env_steps", SAFETY_STEPS)
     return Trainer(loop, Budget(**budget), [writer], progress=False, **kwargs), loop, writer
 
@@ -222,6 +222,49 @@ def test_a_failing_final_evaluation_keeps_the_stop_reason():
     trainer, _, writer = make(max_env_steps=10, epoch_length=5, evaluate=evaluate, eval_interval=3)
     result = trainer.run()
     assert result.stop_reason == "max_env_steps" and writer.rows[-1]["eval/failures"] == 1
+
+
+def test_an_env_step_cadence_evaluates_at_the_first_epoch_past_it_whatever_the_epoch_length():
+    # 10 env steps an update; every 25 env steps: after updates 3 (30), 6 (60), 9 (90) with epochs of one update
+    for epoch_length, expected in [(1, [30, 60, 90, 100]), (2, [40, 80, 100]), (4, [40, 80, 100])]:
+        evaluate = ScriptedEval([1.0] * 10)
+        trainer, _, writer = make(max_env_steps=100, epoch_length=epoch_length, evaluate=evaluate, eval_interval=1,
+                                  eval_interval_env_steps=25)
+        trainer.run()
+        assert [row["env_steps"] for row in writer.rows if "eval/return_mean" in row] == expected, epoch_length
+
+
+def test_a_seconds_cadence_evaluates_once_that_much_training_time_has_passed():
+    evaluate = ScriptedEval([1.0] * 40)
+    trainer, _, writer = make(FakeLoop(sleep_s=0.02), max_env_steps=200, epoch_length=1, evaluate=evaluate, eval_interval=1,
+                              eval_interval_s=0.09)
+    trainer.run()
+    evaluated = [row["epoch"] for row in writer.rows if "eval/return_mean" in row]
+    assert 3 <= len(evaluated) <= 7 and evaluated[-1] == 20  # every 4-5 epochs of 0.02 s, and the last
+
+
+def test_each_evaluation_reports_the_share_of_the_run_spent_evaluating():
+    class SlowEval(ScriptedEval):
+        def __call__(self):
+            time.sleep(0.05)
+            return super().__call__()
+
+    trainer, _, writer = make(FakeLoop(sleep_s=0.05), max_env_steps=40, epoch_length=1, evaluate=SlowEval([1.0] * 4),
+                              eval_interval=1)
+    trainer.run()
+    shares = [row["time/eval_share"] for row in writer.rows]
+    assert all(0.35 < share < 0.6 for share in shares), shares  # half the time evaluates
+
+
+def test_a_resumed_run_keeps_the_evaluation_cadence():
+    first, _, _ = make(max_env_steps=30, epoch_length=1, evaluate=ScriptedEval([1.0] * 5), eval_interval=1,
+                       eval_interval_env_steps=25)
+    first.run()  # evaluated at 30 (the budget's end), the cadence counts from there
+    second, _, writer = make(max_env_steps=80, epoch_length=1, evaluate=ScriptedEval([1.0] * 5), eval_interval=1,
+                             eval_interval_env_steps=25)
+    second.load_state_dict(first.state_dict())
+    second.run()
+    assert [row["env_steps"] for row in writer.rows if "eval/return_mean" in row] == [60, 80]
 
 
 # ---------------------------------------------------------------------------------------------- time

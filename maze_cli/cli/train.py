@@ -234,7 +234,7 @@ def _warm_start(learner, t, trusted) -> bool:
 
 def _trainer(settings, run, env_factory, files: list, videos, warm_started: bool, group):
     """The Trainer: the run's loop under its budget, writing each epoch's row to `files`, evaluating
-    the policy on the eval seeds every `eval.interval` epochs (recording `videos` when on)."""
+    the policy on the eval seeds on `eval`'s schedule (recording `videos` when on)."""
     from maze_cli.evaluation import Evaluator
     from maze_cli.seeding import derive_seeds
     from maze_cli.training import Budget, Trainer
@@ -249,7 +249,8 @@ def _trainer(settings, run, env_factory, files: list, videos, warm_started: bool
             videos(run.learner.policy, trainer.epoch, trainer.env_steps)
         return stats
 
-    trainer = Trainer(run.loop, budget, files, evaluate=evaluate, eval_interval=t.eval.interval, evaluate_first=warm_started,
+    trainer = Trainer(run.loop, budget, files, evaluate=evaluate, eval_interval=t.eval.interval,
+                      eval_interval_env_steps=t.eval.interval_env_steps, eval_interval_s=t.eval.interval_s, evaluate_first=warm_started,
                       group=group, info_keys=list(env_factory.info_stats))
     return trainer
 

@@ -42,6 +42,10 @@ class EvalConfig:
     # epochs between evaluations (the last epoch is always evaluated); 0: off, and target_return is then
     # judged on the mean of the last target_window training episodes
     interval: int = _f(1, ge=0)
+    # env steps between evaluations, in place of interval's epochs (an evaluation at the first epoch's end past
+    # them): a cadence that does not change with an algorithm's epoch length; null: by epochs
+    interval_env_steps: Optional[int] = _f(None, ge=1)
+    interval_s: Optional[float] = _f(None, gt=0)  # seconds of training between evaluations, likewise (with the above: whichever comes first)
     episodes: int = _f(10, ge=1)  # episodes per evaluation: the deterministic policy, the same env seeds every time
     video: bool = False  # record the first evaluation episode to videos/epoch_<n>.mp4 and TensorBoard
     video_interval: int = _f(1, ge=1)  # record every n-th evaluation

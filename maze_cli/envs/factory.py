@@ -12,6 +12,7 @@ import gymnasium as gym
 
 from maze_cli.envs.core_inputs import PreviousActionReward, adds_inputs
 from maze_cli.envs.info_stats import as_number, check_info_stats
+from maze_cli.envs.mujoco import is_mujoco_id, prepare_mujoco
 from maze_cli.envs.multiagent import AgentIdObservation, agent_spaces, as_parallel, is_multiagent, team_info_stats
 from maze_cli.envs.spaces import UnsupportedSpaceError, action_spec, observation_specs
 from maze_cli.envs.wrappers import apply_wrappers, wrapper_specs
@@ -191,7 +192,13 @@ class EnvFactory:
 
     def _register(self) -> None:
         """Import `register`'s module (or, for a known id prefix such as ALE/, its package) so that
-        the env's id exists, in every process that makes it."""
+        the env's id exists, in every process that makes it; for a MuJoCo id, check MuJoCo and
+        route its warnings (`maze_cli.envs.mujoco`)."""
+        self._import_register_module()
+        if is_mujoco_id(self.config["id"]):
+            prepare_mujoco(self.config["id"])
+
+    def _import_register_module(self) -> None:
         env_id = self.config["id"]
         module_name = self.config.get("register") or next((m for prefix, m in ID_PACKAGES.items() if env_id.startswith(prefix)), None)
         if not module_name or env_id in gym.registry:

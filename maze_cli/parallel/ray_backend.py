@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from maze_cli.errors import RAY_MISSING, MazeCliError
+from maze_cli.envs.mujoco import quiet_env_library_warnings
 from maze_cli.parallel.actor_loop import Actor
 from maze_cli.parallel.distributed_actors import DistributedActors, takes_actor_options
 from maze_cli.parallel.requests import OpenRequests
@@ -56,6 +57,7 @@ class RayActorBody:
     def __init__(self, index: int, env_seed: int, agent_seed: int, shared: tuple):
         """`shared` is (env_factory, policy, rollout spec, initial policy), the same for every actor."""
         env_factory, policy, spec, initial_policy = shared
+        quiet_env_library_warnings()  # the learner's process shows them, once
         torch.set_num_threads(1)
         self.actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy)
         self.record = spec.allocate()

@@ -29,6 +29,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers torch's shared-memory pickling)
 from torch import nn
 
+from maze_cli.envs.mujoco import quiet_env_library_warnings
 from maze_cli.parallel.actor_loop import Actor
 from maze_cli.parallel.distributed_actors import DistributedActors, takes_actor_options
 from maze_cli.parallel.requests import OpenRequests
@@ -91,6 +92,7 @@ def actor_process(
 
     `generation` counts the actor's restarts; its error report carries it, so that a report from a
     process the learner already replaced is not counted twice."""
+    quiet_env_library_warnings()  # the learner's process shows them, once
     torch.set_num_threads(1)
     slots = slots.value  # the pool of rollout slots, mapped from /dev/shm or the learner's file
     actor = None
