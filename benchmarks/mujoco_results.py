@@ -182,8 +182,9 @@ def report(args) -> None:
     lines = ["| algorithm | env | side | budget | every seed (last evaluation) | mean [95% CI] | IQM [95% CI] | published |",
              "|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple, list[dict]] = {}
-    for r in records:
-        groups.setdefault((r["algorithm"], r["env"], r["side"], r["budget"]), []).append(r)
+    for r in records:  # a candidate's overrides make a side of their own
+        side = " ".join([r["side"], *r["overrides"]])
+        groups.setdefault((r["algorithm"], r["env"], side, r["budget"]), []).append(r)
     for (algorithm, env_id, side, budget), runs in sorted(groups.items()):
         runs = sorted(runs, key=lambda r: r["seed"])
         values = [final(r, None) for r in runs]
@@ -215,7 +216,7 @@ def plot(groups: dict, path: Path) -> None:
         for (a, e, side, budget), runs in groups.items():
             if (a, e) != (algorithm, env_id):
                 continue
-            color = "tab:blue" if side == "maze_cli" else "tab:orange"
+            color = "tab:blue" if side == "maze_cli" else "tab:orange" if side == "sb3" else None
             for i, r in enumerate(sorted(runs, key=lambda r: r["seed"])):
                 steps, _, returns = zip(*r["curve"])
                 ax.plot(np.asarray(steps) / 1e6, returns, color=color, alpha=0.8, lw=1,

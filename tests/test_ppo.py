@@ -269,3 +269,15 @@ def test_normalization_statistics_are_saved_in_checkpoints_and_used_by_rollout(t
     assert proc.returncode == 0, proc.stderr
     normalized = policy.obs_normalizer({"obs": torch.tensor([[1.0, 0.0, 0.0]])})["obs"]
     assert not torch.allclose(normalized, torch.tensor([[1.0, 0.0, 0.0]]))
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "impala"])
+def test_log_std_init_sets_the_gaussians_starting_std_and_checkpoints_keep_the_learned_one(tmp_path, algorithm):
+    run_dir = tmp_path / "run"
+    result = run_train("+env=pendulum", f"algorithm={algorithm}", "algorithm.log_std_init=-1.5", "max_env_steps=2048",
+                       "eval.interval=0", "runner.envs_per_actor=2", "algorithm.n_rollout_steps=16", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    policy = load_policy(run_dir / "checkpoints" / "last.pt", frozenset(), False, "checkpoint")
+    log_std = policy.log_std.detach()
+    assert torch.all((log_std + 1.5).abs() < 0.2), log_std  # a few updates from -1.5, rebuilt without the option
+    assert not torch.equal(log_std, torch.full_like(log_std, -1.5))  # ... and the learned value, not the initial one

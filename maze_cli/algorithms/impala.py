@@ -101,7 +101,7 @@ class Impala(ImpalaConfig, Algorithm):
     def build(self, parts: Components) -> Run:
         normalize_obs, normalize_reward = normalization(self.normalize_obs, self.normalize_reward, parts.action_space)
         kwargs = {"network": parts.network, "shared_network": self.shared_network, "normalize_obs": normalize_obs}
-        policy = ActorCritic(parts.observation_space, parts.action_space, **kwargs)
+        policy = ActorCritic(parts.observation_space, parts.action_space, log_std_init=self.log_std_init, **kwargs)
         learner = ImpalaLearner(policy, self, parts.device, normalize_reward, max_env_steps=parts.max_env_steps, **parts.learner)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps)
         blueprint = policy_blueprint(ActorCritic, parts.observation_space, parts.action_space, kwargs)

@@ -224,7 +224,7 @@ class Ppo(PpoConfig, Algorithm):
     def _build(self, parts: Components, **actor_options) -> Run:
         normalize_obs, normalize_reward = normalization(self.normalize_obs, self.normalize_reward, parts.action_space)
         kwargs = {"network": parts.network, "shared_network": self.shared_network, "normalize_obs": normalize_obs}
-        policy = ActorCritic(parts.observation_space, parts.action_space, **kwargs)
+        policy = ActorCritic(parts.observation_space, parts.action_space, log_std_init=self.log_std_init, **kwargs)
         learner = PpoLearner(policy, self, parts.device, normalize_reward, vtrace_targets=isinstance(self, Appo),
                              max_env_steps=parts.max_env_steps, **parts.learner)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps, **actor_options)

@@ -26,11 +26,13 @@ class ActorCritic(Policy):
     :param normalize_obs: normalize the float vector keys of observations by running statistics
         that the learner updates (`maze_cli.normalization`); they are buffers of this
         module, so actors, checkpoints and `rollout` use the same ones.
+    :param log_std_init: Box actions: the Gaussian's log std before training (a weight like the
+        others, so a checkpoint's policy is rebuilt without it).
     """
 
     def __init__(
         self, observation_space: gym.Space, action_space: gym.Space, network: Mapping[str, Any] | None = None,
-        shared_network: bool = False, normalize_obs: bool = False,
+        shared_network: bool = False, normalize_obs: bool = False, log_std_init: float = 0.0,
     ):
         super().__init__()
         self.observation_space, self.action_space = observation_space, action_space
@@ -44,7 +46,7 @@ class ActorCritic(Policy):
         self.policy_head = linear(self.network.out_dim, n_head, 0.01)
         self.value_head = linear((self.value_network or self.network).out_dim, 1, 1.0)
         if self.gaussian:
-            self.log_std = nn.Parameter(torch.zeros(self.distribution.dim))
+            self.log_std = nn.Parameter(torch.full((self.distribution.dim,), float(log_std_init)))
         self._n_policy_state = len(self.network.initial_state(1))
         self._head = self.policy_head._parameters  # acting's head, without a module call (see mlp.layer_plan)
 
