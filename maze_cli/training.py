@@ -293,8 +293,9 @@ class Trainer:
             stats["eval/failures"] = 1
             return reason
         stats["time/eval_s"] = time.perf_counter() - start
-        self.eval_schedule.evaluated(self.env_steps, stats["time_s"] + stats["time/eval_s"], stats["time/eval_s"])
-        stats["time/eval_share"] = self.eval_schedule.spent_s / max(stats["time_s"] + stats["time/eval_s"], 1e-9)
+        time_after = stats["time_s"] + stats["time/eval_s"]
+        self.eval_schedule.evaluated(self.env_steps, time_after, stats["time/eval_s"])
+        stats["time/eval_share"] = self.eval_schedule.spent_s / max(time_after, 1e-9)
         eval_mean = stats["eval/return_mean"]
         if self.best_eval is None or eval_mean > self.best_eval:
             self.best_eval = eval_mean

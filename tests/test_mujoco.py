@@ -1,5 +1,5 @@
 """gymnasium's MuJoCo envs as a family (`+env=mujoco`, extra `mujoco`): its settings, its warnings
-shown once, a clear message without MuJoCo, and PPO and SAC learning a MuJoCo task."""
+shown once, a clear message without MuJoCo, and PPO learning a MuJoCo task (SAC's figures: benchmarks/MUJOCO.md)."""
 
 import sys
 

@@ -204,9 +204,7 @@ class PpoConfig:
     shared_network: bool = False  # one policy network for the action and value heads (true) or one each
     normalize_obs: Optional[bool] = None  # observations by a running mean/std, as for IMPALA; null: on for Box actions
     normalize_reward: Optional[bool] = None  # rewards by the return's std, as for IMPALA; null: on for Box actions
-    # Box actions: the Gaussian's log std at the start, a parameter of its own (not a function of the state);
-    # below 0 the policy explores less at first (SB3's MuJoCo settings start at -2)
-    log_std_init: float = 0.0
+    log_std_init: float = 0.0  # Box actions: the Gaussian's starting log std, as for IMPALA
 
 
 @dataclass
