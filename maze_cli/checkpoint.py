@@ -192,10 +192,19 @@ class Checkpointer:
         save_checkpoint(self.directory / "last.pt", self.payload(reason))
 
     def on_epoch_end(self, stats: dict[str, Any]) -> None:
-        if "eval/return_mean" in stats and stats["eval/return_mean"] == stats["eval/best_return_mean"]:
+        # a snapshot's evaluation (eval.background) judged older weights: save_best_snapshot wrote those
+        evaluated_now = "eval/return_mean" in stats and "eval/snapshot_env_steps" not in stats
+        if evaluated_now and stats["eval/return_mean"] == stats["eval/best_return_mean"]:
             save_checkpoint(self.directory / "best.pt", self.payload("best"))
         if self.trainer.epoch % self.interval == 0:
             self.save_last("running")
+
+    def save_best_snapshot(self, snapshot) -> None:
+        """best.pt from the weights an evaluation in the background judged (a `maze_cli.evaluation.Snapshot`),
+        not the learner's current ones; the rest of the payload is the run as it is now."""
+        payload = self.payload("best")
+        payload["learner"] = {**payload["learner"], "policy": snapshot.policy.state_dict()}
+        save_checkpoint(self.directory / "best.pt", payload)
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from `state`, the run's `last.pt` as load_checkpoint read it: learner, counters,

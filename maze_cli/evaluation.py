@@ -2,14 +2,20 @@
 
 Runs in the learner's process between epochs; subprocess and Ray actors keep collecting meanwhile
 (up to their queue bound). Every evaluation replays the same episode seeds, so returns are
-comparable from one evaluation to the next and `best.pt` is chosen on like terms.
+comparable from one evaluation to the next and `best.pt` is chosen on like terms. With
+`eval.background` it runs in a thread of its own on a snapshot of the weights, off the learner's
+critical path (`BackgroundEvaluation`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
-from typing import Callable, Iterator
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
 import gymnasium as gym
 import numpy as np
@@ -104,3 +110,62 @@ class Evaluator:
             "eval/episode_length_mean": sum(lengths) / len(lengths),
             **epoch_means(episode_info.take(), "eval"),
         }
+
+
+@dataclass
+class Snapshot:
+    """The policy as it was at the end of an epoch, evaluated while the learner trains on."""
+
+    policy: nn.Module
+    epoch: int
+    env_steps: int
+    stats: dict[str, Any] = field(default_factory=dict)
+    error: BaseException | None = None
+    seconds: float = 0.0  # the evaluation's wall time, in its own thread
+
+
+class BackgroundEvaluation:
+    """Evaluates snapshots of the policy in a daemon thread, one at a time, so the learner does not wait
+    for the episodes: worth it where a core is idle (evaluation steps envs in Python, and on a machine
+    whose cores the actors and learner already fill it only moves the wait elsewhere). The learner
+    takes each result at a later epoch's end; `best.pt` is then written from the snapshot's weights."""
+
+    def __init__(self, evaluate: Callable[[Snapshot], dict[str, Any]], policy: Callable[[], nn.Module]):
+        self._evaluate = evaluate
+        self._policy = policy  # the learner's live policy, copied at each start
+        self._pending: Snapshot | None = None
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._pending is not None
+
+    def start(self, epoch: int, env_steps: int) -> float:
+        """Copy the policy and evaluate the copy in the background; returns the seconds the copy took
+        (the only part of the evaluation on the learner's path)."""
+        t0 = time.perf_counter()
+        snapshot = Snapshot(copy.deepcopy(self._policy()), epoch, env_steps)
+        copied = time.perf_counter() - t0
+        self._pending = snapshot
+        self._done.clear()
+        self._thread = threading.Thread(target=self._run, args=(snapshot,), name="maze-eval", daemon=True)
+        self._thread.start()
+        return copied
+
+    def _run(self, snapshot: Snapshot) -> None:
+        start = time.perf_counter()
+        try:
+            snapshot.stats = self._evaluate(snapshot)
+        except BaseException as err:  # noqa: BLE001 - handed to the learner's thread, which decides
+            snapshot.error = err
+        snapshot.seconds = time.perf_counter() - start
+        self._done.set()
+
+    def take(self, wait: bool = False) -> Snapshot | None:
+        """The finished evaluation's snapshot (None while it runs, or if none was started); `wait`:
+        block until it finishes."""
+        if self._pending is None or not (self._done.wait() if wait else self._done.is_set()):
+            return None
+        snapshot, self._pending = self._pending, None
+        return snapshot

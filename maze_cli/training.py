@@ -19,6 +19,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from maze_cli.distributed import CONTINUE, EPOCH_END, STOP, LearnerGroup
 from maze_cli.envs.info_stats import epoch_means, event_name
 from maze_cli.errors import ConfigError
+from maze_cli.evaluation import BackgroundEvaluation, Snapshot
 from maze_cli.stats.aggregator import EpochStatsAggregator
 from maze_cli.stats.writers import StatsWriter
 
@@ -122,8 +123,14 @@ class Trainer:
         group: LearnerGroup | None = None,
         info_keys: Sequence[str] = (),
         callbacks: Any = None,
+        background_eval: BackgroundEvaluation | None = None,
+        on_best_snapshot: Callable[[Snapshot], None] | None = None,
     ):
         self.loop = loop
+        # evaluation of weight snapshots in a thread (eval.background): results join a later epoch's row, and a
+        # snapshot with a new best return is handed to `on_best_snapshot` (best.pt from its weights)
+        self.background_eval = background_eval if evaluate is not None and eval_interval > 0 else None
+        self.on_best_snapshot = on_best_snapshot
         self.info_keys = list(info_keys)  # env.info_stats: warned about once if the first episodes report none
         self.callbacks = callbacks  # maze_cli.callbacks.Callbacks: called with each epoch's row before it is written
         self.group = group  # with several learners: this is learner 0, the one that decides and writes
@@ -234,7 +241,9 @@ class Trainer:
                 self._take_other_learners_episodes()
                 reason = reason or self._stop_reason(time.perf_counter() - start)
             stats = close_epoch()
-            if self.evaluate is not None and (reason is not None or self.eval_schedule.due(self.epoch, self.env_steps, stats["time_s"])):
+            if self.background_eval is not None:
+                reason = self._evaluate_in_background(stats, reason)
+            elif self.evaluate is not None and (reason is not None or self.eval_schedule.due(self.epoch, self.env_steps, stats["time_s"])):
                 reason = self._evaluate_into(stats, reason)
             reason = self._call_callbacks(stats, reason)
             if self.group is not None:
@@ -295,7 +304,12 @@ class Trainer:
         stats["time/eval_s"] = time.perf_counter() - start
         time_after = stats["time_s"] + stats["time/eval_s"]
         self.eval_schedule.evaluated(self.env_steps, time_after, stats["time/eval_s"])
-        stats["time/eval_share"] = self.eval_schedule.spent_s / max(time_after, 1e-9)
+        return self._judge_eval(stats, reason, time_after)
+
+    def _judge_eval(self, stats: dict[str, Any], reason: str | None, time_s: float) -> str | None:
+        """The row's share of time spent evaluating, the best return so far; "target_return" if the
+        evaluation reached the target."""
+        stats["time/eval_share"] = self.eval_schedule.spent_s / max(time_s, 1e-9)
         eval_mean = stats["eval/return_mean"]
         if self.best_eval is None or eval_mean > self.best_eval:
             self.best_eval = eval_mean
@@ -303,6 +317,45 @@ class Trainer:
         target = self.budget.target_return
         if reason is None and target is not None and eval_mean >= target:
             return "target_return"
+        return reason
+
+    def _evaluate_in_background(self, stats: dict[str, Any], reason: str | None) -> str | None:
+        """eval.background: a finished snapshot's evaluation joins this row (`eval/snapshot_env_steps` says
+        which weights it judged); a new one starts when due and none runs. At the run's end the learner
+        waits for the one in flight, then evaluates the final weights itself unless the snapshot reached
+        the target: the last row's evaluation is of the weights the run ends with, as without it."""
+        background = self.background_eval
+        t0 = time.perf_counter()
+        snapshot = background.take(wait=reason is not None)
+        self.eval_schedule.spent_s += time.perf_counter() - t0  # the learner's wait at the end, if any
+        if snapshot is not None:
+            reason = self._snapshot_into(stats, snapshot, reason)
+        if reason is not None:
+            if reason != "target_return":  # the final weights, evaluated here
+                for key in [k for k in stats if k.startswith("eval/")]:
+                    del stats[key]
+                reason = self._evaluate_into(stats, reason)
+            return reason
+        if not background.busy and self.eval_schedule.due(self.epoch, self.env_steps, stats["time_s"]):
+            copy_s = background.start(self.epoch, self.env_steps)
+            self.eval_schedule.evaluated(self.env_steps, stats["time_s"], copy_s)
+        return reason
+
+    def _snapshot_into(self, stats: dict[str, Any], snapshot: Snapshot, reason: str | None) -> str | None:
+        if snapshot.error is not None:
+            if isinstance(snapshot.error, ConfigError):
+                raise snapshot.error
+            err = snapshot.error
+            log.warning(f"evaluation of epoch {snapshot.epoch}'s weights failed ({type(err).__name__}: {err}); skipped, training goes on")
+            stats["eval/failures"] = 1
+            return reason
+        best_before = self.best_eval
+        stats.update(snapshot.stats)
+        stats["eval/snapshot_env_steps"] = snapshot.env_steps
+        stats["time/eval_s"] = snapshot.seconds
+        reason = self._judge_eval(stats, reason, stats["time_s"])
+        if self.best_eval != best_before and self.on_best_snapshot is not None:
+            self.on_best_snapshot(snapshot)
         return reason
 
     def _one_update(self) -> None:

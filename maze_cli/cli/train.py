@@ -178,6 +178,7 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
     trainer.callbacks = callbacks
     checkpointer = Checkpointer(run_dir / "checkpoints", run, trainer, config, t.checkpoint.interval, t.checkpoint.replay_buffer)
     trainer.on_epoch_end = checkpointer.on_epoch_end
+    trainer.on_best_snapshot = checkpointer.save_best_snapshot
     if t.resume:
         _restore(checkpointer, resumed_from, trainer, jsonl, tensorboard, run_dir)
     if group is not None:  # every learner starts from learner 0's state: weights, optimizer, statistics
@@ -235,7 +236,7 @@ def _warm_start(learner, t, trusted) -> bool:
 def _trainer(settings, run, env_factory, files: list, videos, warm_started: bool, group):
     """The Trainer: the run's loop under its budget, writing each epoch's row to `files`, evaluating
     the policy on the eval seeds on `eval`'s schedule (recording `videos` when on)."""
-    from maze_cli.evaluation import Evaluator
+    from maze_cli.evaluation import BackgroundEvaluation, Evaluator, Snapshot
     from maze_cli.seeding import derive_seeds
     from maze_cli.training import Budget, Trainer
 
@@ -243,16 +244,39 @@ def _trainer(settings, run, env_factory, files: list, videos, warm_started: bool
     evaluator = Evaluator(env_factory, t.eval.episodes, derive_seeds(t.seed, "eval_env", t.eval.episodes), t.device)
     budget = Budget(t.max_env_steps, t.max_time_s, t.target_return, t.target_window, run.epoch_length)
 
-    def evaluate() -> dict:
-        stats = evaluator(run.learner.policy)
+    def evaluate_weights(policy, epoch: int, env_steps: int) -> dict:
+        stats = evaluator(policy)
         if videos is not None:
-            videos(run.learner.policy, trainer.epoch, trainer.env_steps)
+            videos(policy, epoch, env_steps)
         return stats
 
+    def evaluate() -> dict:
+        return evaluate_weights(run.learner.policy, trainer.epoch, trainer.env_steps)
+
+    def evaluate_snapshot(snapshot: Snapshot) -> dict:
+        return evaluate_weights(snapshot.policy, snapshot.epoch, snapshot.env_steps)
+
+    background = None
+    if _background_eval(settings):
+        background = BackgroundEvaluation(evaluate_snapshot, lambda: run.learner.policy)
     trainer = Trainer(run.loop, budget, files, evaluate=evaluate, eval_interval=t.eval.interval,
                       eval_interval_env_steps=t.eval.interval_env_steps, eval_interval_s=t.eval.interval_s, evaluate_first=warm_started,
-                      group=group, info_keys=list(env_factory.info_stats))
+                      group=group, info_keys=list(env_factory.info_stats), background_eval=background)
     return trainer
+
+
+def _background_eval(settings) -> bool:
+    """eval.background as set, or (null) on where a core is left over for it: the actors run in processes
+    of their own (not runner=sequential, whose envs step in this process) and the machine has more cores
+    than the actors and the learners' torch threads take."""
+    t = settings.train
+    if t.eval.background is not None:
+        return bool(t.eval.background)
+    n_actors = settings.runner.get("n_actors")
+    if n_actors is None or "sequential" in str(settings.runner.get("_target_", "")).lower():
+        return False
+    busy = n_actors + t.learner.num_learners * t.torch_threads
+    return (os.cpu_count() or 1) > busy
 
 
 def _restore(checkpointer, saved: dict, trainer, jsonl, tensorboard, run_dir: Path) -> None:

@@ -47,6 +47,10 @@ class EvalConfig:
     interval_env_steps: Optional[int] = _f(None, ge=1)
     interval_s: Optional[float] = _f(None, gt=0)  # seconds of training between evaluations, likewise (with the above: whichever comes first)
     episodes: int = _f(10, ge=1)  # episodes per evaluation: the deterministic policy, the same env seeds every time
+    # evaluate a copy of the weights in a thread while the learner trains on (its result joins a later epoch's row,
+    # eval/snapshot_env_steps naming the weights judged; best.pt is written from them); null: on where a core is
+    # left over (actors in processes of their own, more cores than actors + learner threads), off otherwise
+    background: Optional[bool] = None
     video: bool = False  # record the first evaluation episode to videos/epoch_<n>.mp4 and TensorBoard
     video_interval: int = _f(1, ge=1)  # record every n-th evaluation
 
