@@ -73,3 +73,19 @@ def test_recursion_matches_the_sum_definition_off_policy():
             expected[s] += weight * delta[t]
             weight = weight * discounts[t] * c[t]
     torch.testing.assert_close(out.vs, expected)
+
+
+def test_on_policy_with_lambda_the_targets_are_gae():
+    """c_i = lambda min(c_bar, rho): on-policy, v_s - V(x_s) is GAE(lambda)'s advantage (and lambda 1, the n-step return)."""
+    from maze_cli.algorithms.on_policy import gae
+
+    torch.manual_seed(0)
+    rewards, values, discounts = torch.randn(6, 3, dtype=torch.float64), torch.randn(6, 3, dtype=torch.float64), torch.full((6, 3), 0.9, dtype=torch.float64)
+    discounts[2, 1] = 0.0  # an episode ends there
+    bootstrap = torch.randn(3, dtype=torch.float64)
+    logp = torch.zeros(6, 3, dtype=torch.float64)
+    for lam in (0.0, 0.8, 1.0):
+        out = vtrace(logp, logp, rewards, values, bootstrap, discounts, lam=lam)
+        assert torch.allclose(out.vs - values, gae(rewards, values, bootstrap, discounts, lam))
+    assert not torch.allclose(vtrace(logp, logp, rewards, values, bootstrap, discounts, lam=0.8).vs,
+                              vtrace(logp, logp, rewards, values, bootstrap, discounts).vs)

@@ -40,6 +40,7 @@ def vtrace(
     rho_bar: float = 1.0,
     c_bar: float = 1.0,
     pg_rho_bar: float | None = None,
+    lam: float = 1.0,
 ) -> VTraceReturns:
     """V-trace targets, eq. (1) of the paper, computed backwards in time.
 
@@ -51,11 +52,12 @@ def vtrace(
     evaluated by the recursion v_s - V(x_s) = delta_s V + gamma_s c_s (v_{s+1} - V(x_{s+1})).
     `discounts[t]` is gamma_t: gamma, or 0 where the episode ended after step t. Inputs are `[T, B]`
     except `bootstrap_value` (V(x_T), `[B]`). The policy-gradient advantage (section 4.2) uses
-    v_{s+1} and its own clip `pg_rho_bar` (rho_bar by default).
+    v_{s+1} and its own clip `pg_rho_bar` (rho_bar by default). `lam` scales the traces,
+    c_i = lam min(c_bar, pi/mu) (the paper's remark 2): on-policy, v_s - V(x_s) is then GAE(lam)'s advantage.
     """
     rhos = torch.exp(target_logp - behaviour_logp)
     clipped_rhos = rhos.clamp(max=rho_bar)
-    cs = rhos.clamp(max=c_bar)
+    cs = lam * rhos.clamp(max=c_bar)
     values_tp1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
     deltas = clipped_rhos * (rewards + discounts * values_tp1 - values)
 
@@ -153,6 +155,7 @@ class ImpalaLearner(ActorCriticLearner):
         entropy = (dist.entropy(params) * real).sum() / n_real
         targets = vtrace(
             behaviour_logp, target_logp.detach(), rewards, values.detach(), bootstrap_value.detach(), discounts, hp.rho_bar, hp.c_bar,
+            lam=hp.vtrace_lambda,
         )
         advantages = normalized_advantages(targets.pg_advantages, real) if hp.normalize_advantage else targets.pg_advantages
         policy_loss = -(advantages * target_logp * real).sum() / n_real

@@ -161,6 +161,9 @@ class ImpalaConfig:
     n_rollout_steps: int = _f(32, ge=1)  # steps per rollout (T)
     rho_bar: float = _f(1.0, gt=0)  # V-trace's clip of the importance weights
     c_bar: float = _f(1.0, gt=0)  # V-trace's clip of the trace coefficients
+    # V-trace's traces scaled by this (c_i = lambda min(c_bar, pi/mu)): below 1 the value targets lean more on the
+    # critic and less on the rollout's far rewards (lower variance, more bias), as GAE's lambda does for PPO
+    vtrace_lambda: float = _f(1.0, ge=0, le=1)
     value_coef: float = _f(0.5, ge=0)  # weight of the value loss
     entropy_coef: float = _f(0.01, ge=0)  # weight of the entropy bonus
     # the batch's V-trace advantages to mean 0, std 1, so the entropy bonus weighs the same on any reward scale;
