@@ -4,6 +4,7 @@ fixed step budget, for each candidate setting, env and seed.
     python benchmarks/suite.py                                          # IMPALA's defaults as they are
     python benchmarks/suite.py --candidate defaults= --candidate envs8=runner.envs_per_actor=8
     python benchmarks/suite.py --envs cartpole goalgrid --seeds 1 2 --out benchmarks/SUITE.md
+    python benchmarks/suite.py --suite heldout                          # the held-out suite (never tuned on)
 
 The suite: CartPole-v1 and Acrobot-v1 (vector observations), GoalGrid (benchmarks/suite_envs.py: a
 7x7 goal-reaching task with Dict observations, agent and goal), PointReach (suite_envs.py: Box
@@ -11,8 +12,8 @@ actions, steer a point to a goal), Pendulum-v1 (Box actions), MiniGrid-Empty-5x5
 from a third-party package: 1 - 0.9 t / 100 at the goal, 0 otherwise; Dict of a 7x7x3 view and a
 direction; needs the `minigrid` extra), MinAtar Breakout (10x10x4 images, the CNN policy; needs the
 `minatar` extra). Each run is one `train` process,
-`eval.interval=0 target_window=100 target_return=<target> max_time_s=<cap>`, and every candidate is
-judged by the same rule:
+`eval.interval=0 target_window=100 target_return=<target> max_time_s=<cap>` (and `max_env_steps` out of
+the way: the time cap ends a run that misses its target), and every candidate is judged by the same rule:
 
 - time to target: whole-process wall seconds (start-up and shutdown included) until the mean return
   of the last 100 training episodes reaches the env's target, checked after every iteration;
@@ -23,6 +24,13 @@ judged by the same rule:
 MiniGrid alone is judged on evaluation instead (`eval.interval=1`, the mean return of 10 greedy
 episodes, after every epoch): its failure is a policy whose samples find the goal while its most
 likely action does not (entropy near its maximum), which the training episodes do not show.
+
+The held-out suite (`--suite heldout`, HELDOUT below) is where a default chosen on the suite above is
+reported and never tuned: LunarLander-v3 (discrete; `box2d`), its continuous version (Box), MiniGrid
+DoorKey-5x5 (a sparse reward behind a key and a door, Dict observations; judged on evaluation), CartPole
+with its velocities hidden (memory, `policy.core=lstm`), MinAtar SpaceInvaders (pixels) and MPE's
+simple_reference (two agents that must talk; `multiagent` extra). The last two have no target: their
+return at the budget is the figure.
 
 Candidates run interleaved (seed by seed, env by env), one process at a time, so that a busy
 stretch of the machine falls on all of them alike.
@@ -49,7 +57,7 @@ from suite_envs import optimal_return, reach_optimal_return  # noqa: E402
 @dataclass(frozen=True)
 class SuiteEnv:
     overrides: tuple[str, ...]
-    target: float  # mean of the last 100 training episodes
+    target: float | None  # mean of the last 100 training episodes; None: judged at the budget only
     budget: int  # env steps at which the return is read
     cap_s: float  # wall-clock cap of one run's training
     judged_on_eval: bool = False  # the greedy evaluation's mean return instead of the training window
@@ -74,7 +82,22 @@ SUITE = {
     "repeat2": SuiteEnv(("+env=repeat", "env.n_symbols=2", "env.length=6", "policy.core=lstm"), 0.9, 1_000_000, 240),
     "repeat4": SuiteEnv(("+env=repeat", "env.n_symbols=4", "env.length=8", "policy.core=lstm"), 0.9, 1_000_000, 240),
 }
-ENV_CONFIGS = {"goalgrid.yaml": "_target_: suite_envs.GoalGrid\n", "reach.yaml": "_target_: suite_envs.PointReach\n",
+# Held out: never tuned on. Defaults are chosen on SUITE (the development suite) and reported here, one env of each
+# kind a user brings: discrete and Box control, a sparse reward, memory, Dict observations, pixels, several agents.
+HELDOUT = {
+    "lunar": SuiteEnv(("+env=gym", "env.id=LunarLander-v3"), 200.0, 2_000_000, 150),
+    "lunarbox": SuiteEnv(("+env=gym", "env.id=LunarLander-v3", "+env.kwargs.continuous=true"), 200.0, 2_000_000, 150),
+    # sparse (1 - 0.9 t / 250 at the goal behind a locked door) and Dict (direction, 7x7x3 view)
+    "doorkey": SuiteEnv(("+env=gym", "env.id=MiniGrid-DoorKey-5x5-v0", "+env.obs_keys=[direction,image]"), 0.9,
+                        1_000_000, 150, judged_on_eval=True),
+    "nocartpole": SuiteEnv(("+env=gym", "env.id=CartPole-v1", "env.wrappers=[suite_envs.HideVelocities]",
+                            "policy.core=lstm"), 400.0, 2_000_000, 180),
+    "spaceinvaders": SuiteEnv(("+env=minatar", "env.id=MinAtar/SpaceInvaders-v1"), None, 1_500_000, 150),
+    "reference": SuiteEnv(("+env=reference",), None, 1_500_000, 180),  # MPE simple_reference: 2 agents talk
+}
+SUITES = {"dev": SUITE, "heldout": HELDOUT}
+ENV_CONFIGS = {"reference.yaml": "_target_: mpe2.simple_reference_v3.parallel_env\nmax_cycles: 25\ncontinuous_actions: false\n",
+               "goalgrid.yaml": "_target_: suite_envs.GoalGrid\n", "reach.yaml": "_target_: suite_envs.PointReach\n",
                "repeat.yaml": "_target_: suite_envs.RepeatFirst\nn_symbols: 4\nlength: 8\n"}
 
 
@@ -94,10 +117,11 @@ def outcome_of(run: TrainRun, env: SuiteEnv) -> Outcome:
     return Outcome(run.wall_s if run.solved else math.inf, upto[-1][env.return_key] if upto else None, steps)
 
 
-def run_one(name: str, extra: list[str], seed: int, workdir: Path, config_dir: Path) -> Outcome:
-    env = SUITE[name]
-    overrides = [*env.overrides, *extra, f"seed={seed}", f"eval.interval={int(env.judged_on_eval)}", "target_window=100",
-                 f"target_return={env.target}",
+def run_one(env: SuiteEnv, extra: list[str], seed: int, workdir: Path, config_dir: Path) -> Outcome:
+    target = "null" if env.target is None else env.target
+    # the run may go on past the budget (a time to the target beyond it counts), but never stops before it
+    overrides = [*env.overrides, f"max_env_steps={max(env.budget, 100_000_000)}", *extra, f"seed={seed}", f"eval.interval={int(env.judged_on_eval)}", "target_window=100",
+                 f"target_return={target}",
                  f"max_time_s={env.cap_s}", f"hydra.searchpath=[file://{config_dir}]"]
     return outcome_of(run_train(overrides, workdir, pythonpath=HERE), env)
 
@@ -124,10 +148,15 @@ def main() -> None:
     parser.add_argument("--candidate", action="append", default=[],
                         help="NAME=override[,override...] (NAME= alone: the defaults); repeat for each")
     parser.add_argument("--algorithm", default="impala")
-    parser.add_argument("--envs", nargs="+", default=list(SUITE), choices=list(SUITE))
+    parser.add_argument("--suite", choices=list(SUITES), default="dev",
+                        help="dev: where defaults are chosen; heldout: where they are reported, never tuned on")
+    parser.add_argument("--envs", nargs="+", choices=[*SUITE, *HELDOUT], help="default: every env of --suite")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--out", type=Path, help="also write the Markdown table here")
     args = parser.parse_args()
+    suite = SUITES[args.suite]
+    args.envs = args.envs or list(suite)
+    suite = {**SUITE, **HELDOUT}
     candidates = {}
     for spec in args.candidate or ["defaults="]:
         name, _, rest = spec.partition("=")
@@ -142,21 +171,22 @@ def main() -> None:
             for env in args.envs:
                 for name, extra in candidates.items():
                     run_dir = Path(tmp) / f"{name}-{env}-{seed}"
-                    o = run_one(env, [f"algorithm={args.algorithm}", *extra], seed, run_dir, config_dir)
+                    o = run_one(suite[env], [f"algorithm={args.algorithm}", *extra], seed, run_dir, config_dir)
                     results.setdefault((name, env), []).append(o)
                     print(f"{name} {env} seed {seed}: to target {o.to_target_s:.1f}s, at budget {o.at_budget}, "
                           f"{o.steps:,} steps", file=sys.stderr, flush=True)
     lines = [f"algorithm={args.algorithm}, seeds {', '.join(map(str, args.seeds))}; {machine_line()}", "",
              "Whole-process seconds to the target (mean of the last 100 training episodes), per seed:", "",
-             "| candidate | " + " | ".join(f"{e} (>= {SUITE[e].target:g})" for e in args.envs) + " |",
+             "| candidate | " + " | ".join((e if suite[e].target is None else f"{e} (>= {suite[e].target:g})") for e in args.envs) + " |",
              "|---|" + "---|" * len(args.envs)]
     for name in candidates:
-        lines.append(f"| {name} | " + " | ".join(cell_time(results[name, e]) for e in args.envs) + " |")
+        lines.append(f"| {name} | " + " | ".join("(at budget only)" if suite[e].target is None else cell_time(results[name, e])
+                                                 for e in args.envs) + " |")
     lines += ["", "Mean return of the last 100 training episodes at the step budget, per seed:", "",
-              "| candidate | " + " | ".join(f"{e} at {SUITE[e].budget / 1e3:,.0f}k" for e in args.envs) + " |",
+              "| candidate | " + " | ".join(f"{e} at {suite[e].budget / 1e3:,.0f}k" for e in args.envs) + " |",
               "|---|" + "---|" * len(args.envs)]
     for name in candidates:
-        lines.append(f"| {name} | " + " | ".join(cell_return(results[name, e], SUITE[e].budget) for e in args.envs) + " |")
+        lines.append(f"| {name} | " + " | ".join(cell_return(results[name, e], suite[e].budget) for e in args.envs) + " |")
     lines += ["", "Candidates: " + "; ".join(f"{n}: {' '.join(o) or '(the defaults)'}" for n, o in candidates.items())]
     publish(lines, args.out)
 

@@ -1,4 +1,5 @@
-"""Envs of the defaults suite that no package ships: a small goal-reaching task with Dict observations.
+"""Envs of the defaults suites that no package ships: a goal-reaching task with Dict observations, a point to
+steer with Box actions, a memory task, and (held-out suite) CartPole with its velocities hidden.
 
 GoalGrid is what many real tasks look like to a policy: several named inputs (where I am, where I
 must go), a sparse-ish objective, short episodes. A policy that reads both inputs walks the shortest
@@ -138,3 +139,19 @@ class RepeatFirst(gym.Env):
             return np.zeros(self.n_symbols + 1, np.float32), float(int(action) == self._first), True, False, {}
         self._t += 1
         return self._obs(int(self.np_random.integers(self.n_symbols))), 0.0, False, False, {}
+
+
+class HideVelocities(gym.ObservationWrapper):
+    """CartPole with its velocities hidden (POPGym's StatelessCartPole): the policy sees the cart's position and
+    the pole's angle only, so it must infer both velocities from what it saw before, a memory task of the
+    held-out suite (`policy.core=lstm`)."""
+
+    KEEP = (0, 2)  # cart position, pole angle
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        box = env.observation_space
+        self.observation_space = gym.spaces.Box(box.low[list(self.KEEP)], box.high[list(self.KEEP)], dtype=box.dtype)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return observation[list(self.KEEP)]
