@@ -89,19 +89,49 @@ def run_episodes(
             env.close()
 
 
-class Evaluator:
-    """`episodes` deterministic episodes with seeds derived once from `seed`."""
+def deterministic_for(action_space: gym.Space, setting: bool | None = None) -> bool:
+    """How evaluation and `rollout` act: as set, or (null) the most likely action for Box actions (the
+    Gaussian's mean, the field's rule for continuous control) and a sampled one for discrete actions. A
+    policy trained by sampling may rely on it: on MiniGrid's DoorKey IMPALA's sampled policy reached
+    the goal while its most likely action looped on one cell until the time limit (docs/runs.md)."""
+    if setting is not None:
+        return bool(setting)
+    return isinstance(action_space, gym.spaces.Box)
 
-    def __init__(self, env_factory: Callable[[], gym.Env], episodes: int, seeds: list[int], device: str = "cpu"):
+
+@contextlib.contextmanager
+def seeded_sampling(seed: int, device: str | torch.device = "cpu") -> Iterator[None]:
+    """Sampled actions drawn from torch's RNG seeded with `seed`, and the RNG as it was afterwards: the
+    same weights sample the same episodes at every evaluation, and training's random stream is untouched.
+    In a thread other than the main one (eval.background) the RNG is shared with the learner, which
+    draws from it meanwhile: there the samples follow the learner's stream."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+class Evaluator:
+    """`episodes` episodes with seeds derived once from `seed`, the policy acting as `deterministic`
+    says (sampled actions seeded by the first episode seed)."""
+
+    def __init__(self, env_factory: Callable[[], gym.Env], episodes: int, seeds: list[int], device: str = "cpu",
+                 deterministic: bool = True):
         self.env_factory = env_factory
         self.seeds = seeds[:episodes]
         self.device = device
+        self.deterministic = deterministic
         self.info_stats = dict(getattr(env_factory, "info_stats", None) or {})
 
     def __call__(self, policy: nn.Module) -> dict[str, float]:
         episode_info = EpisodeInfoStats(self.info_stats, len(self.seeds))
-        with eval_mode(policy):
-            returns, lengths = run_episodes(self.env_factory, policy, self.seeds, device=self.device, episode_info=episode_info)
+        sampling = contextlib.nullcontext() if self.deterministic else seeded_sampling(self.seeds[0], self.device)
+        with eval_mode(policy), sampling:
+            returns, lengths = run_episodes(self.env_factory, policy, self.seeds, self.deterministic, self.device,
+                                            episode_info=episode_info)
         raise_error(episode_info.error)
         mean = sum(returns) / len(returns)
         return {

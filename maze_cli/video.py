@@ -37,11 +37,14 @@ def render_env_config(env_config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def record_episode(env_factory: Callable, policy: nn.Module, seed: int, deterministic: bool = True, device: str = "cpu") -> list[np.ndarray]:
-    """The frames of one episode (one per step), rendered after each step."""
-    from maze_cli.evaluation import eval_mode, run_episodes
+    """The frames of one episode on env seed `seed` (one per step, rendered after each); sampled
+    actions are seeded by `seed` too."""
+    import contextlib
+
+    from maze_cli.evaluation import eval_mode, run_episodes, seeded_sampling
 
     frames: list[np.ndarray] = []
-    with eval_mode(policy):
+    with eval_mode(policy), (contextlib.nullcontext() if deterministic else seeded_sampling(seed, device)):
         run_episodes(env_factory, policy, [seed], deterministic, device, on_frame=lambda i, env: frames.append(env.render()))
     if not frames or frames[0] is None:
         raise ValueError("render() returned no rgb_array frame")
@@ -93,13 +96,14 @@ def gif_bytes(frames: list[np.ndarray]) -> bytes:
 
 
 class EvalVideos:
-    """`eval.video=true`: the first evaluation episode (same seed, deterministic) of every
-    `interval`-th evaluation to videos/epoch_<n>.mp4 and to `on_video(frames, env_steps)` (TensorBoard).
+    """`eval.video=true`: the first evaluation episode (same env seed, the policy acting as evaluation's
+    does; sampled actions are the video's own draws) of every `interval`-th evaluation to videos/epoch_<n>.mp4 and to `on_video(frames, env_steps)` (TensorBoard).
     An env that cannot render costs one line in the log; the run goes on without videos."""
 
     def __init__(self, env_factory: Callable, seed: int, directory: Path, interval: int, device: str = "cpu",
-                 on_video: Callable[[list[np.ndarray], int], None] | None = None):
+                 on_video: Callable[[list[np.ndarray], int], None] | None = None, deterministic: bool = True):
         self.env_factory, self.seed, self.directory, self.interval, self.device = env_factory, seed, directory, interval, device
+        self.deterministic = deterministic
         self.on_video = on_video
         self.evaluations = 0
         self.enabled = True
@@ -109,7 +113,7 @@ class EvalVideos:
         if not self.enabled or (self.evaluations - 1) % self.interval:
             return None
         try:
-            frames = record_episode(self.env_factory, policy, self.seed, device=self.device)
+            frames = record_episode(self.env_factory, policy, self.seed, self.deterministic, self.device)
         except Exception as err:  # noqa: BLE001 - no renderer, no rgb_array mode: any of them
             log.warning(f"eval.video=true: the env cannot render rgb_array frames ({type(err).__name__}: {first_line(err)}); "
                         f"no videos, training goes on")

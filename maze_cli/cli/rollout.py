@@ -5,6 +5,7 @@ Arguments are `key=value` pairs, checked like `train`'s: a bad one ends in one l
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ class RolloutConfig:
     checkpoint: str = MISSING  # a checkpoints/last.pt or best.pt of a run
     episodes: int = _f(10, ge=1)
     seed: int = _f(0, ge=0)  # derives the episodes' env seeds
-    deterministic: bool = True  # the policy's most likely action (false: sample)
+    deterministic: Optional[bool] = None  # true: the most likely action; false: sampled; null: as the run's evaluation
     video: bool = False  # record the first episode: MP4 (or GIF without the video extra)
     video_path: Optional[str] = None  # default: videos/rollout.mp4 in the checkpoint's run dir
     allow: List[str] = field(default_factory=list)  # classes (import paths) the checkpoint may build besides maze_cli's own
@@ -39,7 +40,8 @@ Keys:
   checkpoint=<path>        (required) a checkpoints/last.pt or best.pt of a run
   episodes=10              episodes to play, all at once
   seed=0                   derives the episodes' env seeds
-  deterministic=true       the policy's most likely action; false: sample from it
+  deterministic=null       null: as the run's evaluation acted (by default the most likely action for
+                           Box actions, sampled for discrete ones); true: the most likely; false: sampled
   video=false              record the first episode (MP4 with pip install 'maze_cli[video]', else GIF)
   video_path=...           where; default videos/rollout.mp4 in the checkpoint's run dir
   allow=[my_pkg.MyNet]     classes of your own the checkpoint may build (policy network, env, env wrapper)
@@ -69,7 +71,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     from maze_cli.disk import DiskFull, check_writable_dir
     from maze_cli.envs.factory import EnvFactory
     from maze_cli.errors import CheckpointError
-    from maze_cli.evaluation import run_episodes
+    from maze_cli.evaluation import deterministic_for, run_episodes, seeded_sampling
     from maze_cli.policies.blueprint import check_spaces, refused_env_callables
     from maze_cli.seeding import derive_seeds
 
@@ -93,16 +95,19 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     if cfg.video:  # before the episodes run: a place that cannot be written fails at once
         check_writable_dir(video_path.parent, f"video_path={video_path}", "choose another with video_path=<file>")
     seeds = derive_seeds(cfg.seed, "rollout_env", cfg.episodes)
-    returns, lengths = run_episodes(env_factory, policy, seeds, cfg.deterministic)
+    run_setting = ((payload.get("config") or {}).get("eval") or {}).get("deterministic")  # what the run's evaluation did
+    deterministic = deterministic_for(action_space, run_setting if cfg.deterministic is None else cfg.deterministic)
+    with contextlib.nullcontext() if deterministic else seeded_sampling(seeds[0]):
+        returns, lengths = run_episodes(env_factory, policy, seeds, deterministic)
     mean = sum(returns) / len(returns)
     std = math.sqrt(sum((r - mean) ** 2 for r in returns) / len(returns))
     print(f"{cfg.episodes} episodes: return {mean:.2f} +- {std:.2f} (min {min(returns):.2f}, max {max(returns):.2f}), "
-          f"episode length {sum(lengths) / len(lengths):.1f}")
+          f"episode length {sum(lengths) / len(lengths):.1f}; {'the most likely action' if deterministic else 'sampled actions'}")
     if cfg.video:
         from maze_cli.video import record_episode, render_env_config, write_video
 
         try:
-            frames = record_episode(EnvFactory.for_policy(render_env_config(env_config), policy_config), policy, seeds[0], cfg.deterministic)
+            frames = record_episode(EnvFactory.for_policy(render_env_config(env_config), policy_config), policy, seeds[0], deterministic)
         except Exception as err:  # most often a missing renderer (pygame): say so in one line
             raise ConfigError(f"video=true: the env cannot render rgb_array frames ({type(err).__name__}: {first_line(err)})") from None
         try:

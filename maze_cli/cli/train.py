@@ -164,6 +164,7 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
     from maze_cli.checkpoint import Checkpointer
     from maze_cli.cli.build import build_run, build_trackers
     from maze_cli.envs.spaces import describe_space
+    from maze_cli.evaluation import deterministic_for
     from maze_cli.stats.writers import ConsoleTable, JsonlWriter, TensorBoardWriter, WritesTo
 
     t = settings.train
@@ -174,7 +175,9 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     jsonl, tensorboard = JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")
     files = [ConsoleTable(team=bool(getattr(env_factory, "agents", None))), jsonl, tensorboard]
-    trainer = _trainer(settings, run, env_factory, files, _eval_videos(settings, run_dir, tensorboard), warm_started, group)
+    deterministic = deterministic_for(action_space, t.eval.deterministic)
+    videos = _eval_videos(settings, run_dir, tensorboard, deterministic)
+    trainer = _trainer(settings, run, env_factory, deterministic, files, videos, warm_started, group)
     trainer.callbacks = callbacks
     checkpointer = Checkpointer(run_dir / "checkpoints", run, trainer, config, t.checkpoint.interval, t.checkpoint.replay_buffer)
     trainer.on_epoch_end = checkpointer.on_epoch_end
@@ -191,6 +194,10 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
         f"{_short(settings.algorithm._target_)} with {_short(settings.runner._target_)}, "
         f"{actors.n_actors} actors x {actors.envs_per_actor} envs{learners}"
     )
+    if t.eval.interval > 0:
+        log.info(f"evaluation: {t.eval.episodes} episodes, {'the most likely action' if deterministic else 'sampled actions'} "
+                 f"(eval.deterministic={'null' if t.eval.deterministic is None else str(t.eval.deterministic).lower()})"
+                 f"{', in the background' if trainer.background_eval is not None else ''}")
     # last: a failure before it leaves no tracker run open; a full disk under its local files reads as for the run's own
     trackers = [WritesTo(tracker, run_dir) for tracker in build_trackers(settings.logger, run_dir, config)]
     trainer.writers += trackers
@@ -233,7 +240,7 @@ def _warm_start(learner, t, trusted) -> bool:
     return True
 
 
-def _trainer(settings, run, env_factory, files: list, videos, warm_started: bool, group):
+def _trainer(settings, run, env_factory, deterministic: bool, files: list, videos, warm_started: bool, group):
     """The Trainer: the run's loop under its budget, writing each epoch's row to `files`, evaluating
     the policy on the eval seeds on `eval`'s schedule (recording `videos` when on)."""
     from maze_cli.evaluation import BackgroundEvaluation, Evaluator, Snapshot
@@ -241,7 +248,7 @@ def _trainer(settings, run, env_factory, files: list, videos, warm_started: bool
     from maze_cli.training import Budget, Trainer
 
     t = settings.train
-    evaluator = Evaluator(env_factory, t.eval.episodes, derive_seeds(t.seed, "eval_env", t.eval.episodes), t.device)
+    evaluator = Evaluator(env_factory, t.eval.episodes, derive_seeds(t.seed, "eval_env", t.eval.episodes), t.device, deterministic)
     budget = Budget(t.max_env_steps, t.max_time_s, t.target_return, t.target_window, run.epoch_length)
 
     def evaluate_weights(policy, epoch: int, env_steps: int) -> dict:
@@ -447,7 +454,7 @@ def _warn_images_with_mlp(settings, observation_space) -> None:
                     f"policy=cnn is made for images (conv encoders)")
 
 
-def _eval_videos(settings, run_dir: Path, tensorboard):
+def _eval_videos(settings, run_dir: Path, tensorboard, deterministic: bool):
     """`eval.video=true`: the recorder of evaluation episodes (None when off)."""
     t = settings.train
     if not t.eval.video or t.eval.interval == 0:
@@ -458,7 +465,7 @@ def _eval_videos(settings, run_dir: Path, tensorboard):
 
     render_factory = EnvFactory.for_policy(render_env_config(settings.env), OmegaConf.to_container(settings.policy))
     return EvalVideos(render_factory, derive_seeds(t.seed, "eval_env", t.eval.episodes)[0], run_dir / "videos", t.eval.video_interval,
-                      t.device, on_video=lambda frames, step: tensorboard.add_video("eval/video", frames, step))
+                      t.device, on_video=lambda frames, step: tensorboard.add_video("eval/video", frames, step), deterministic=deterministic)
 
 
 def _summary_line(result, trained_s: float, best_eval: float | None, checkpoints: Path, wall_s: float) -> str:
