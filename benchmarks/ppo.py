@@ -76,7 +76,7 @@ def overrides(task: str, method: str, seed: int, max_s: float, judge: str) -> li
     """`train` for one run; judge "window": the last N training episodes, "eval": maze_cli's default
     deterministic evaluation of 10 episodes each epoch."""
     target, window = rule(task)
-    judged = ["eval.interval=0", f"target_window={window}"] if judge == "window" else ["eval.interval=1", "eval.episodes=10", "eval.deterministic=true"]
+    judged = ["eval.interval=0", f"target_window={window}"] if judge == "window" else ["eval.interval=1", "eval.episodes=10"]
     return [f"+env={task}", f"algorithm={method}", f"seed={seed}", *judged, f"target_return={target:g}", f"max_time_s={max_s:g}"]
 
 

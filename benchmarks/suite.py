@@ -22,10 +22,9 @@ the way: the time cap ends a run that misses its target), and every candidate is
   the run reached the target before the budget.
 
 MiniGrid (and DoorKey in the held-out suite) is judged on evaluation instead (`eval.interval=1`, the
-mean return of 10 evaluation episodes after every epoch, the policy acting as `eval.deterministic`'s
-default has it: its most likely action until 2026-11-27, sampled for discrete actions since): a flat
-policy whose random walk finds the goal late scores low there, which the training window of episodes
-that do end shows less.
+mean return of 10 evaluation episodes, the most likely action, after every epoch): its failure is a
+policy whose samples find the goal while its most likely action does not, which the training episodes
+do not show.
 
 The held-out suite (`--suite heldout`, HELDOUT below) is where a default chosen on the suite above is
 reported and never tuned: LunarLander-v3 (discrete; `box2d`), its continuous version (Box), MiniGrid

@@ -89,16 +89,6 @@ def run_episodes(
             env.close()
 
 
-def deterministic_for(action_space: gym.Space, setting: bool | None = None) -> bool:
-    """How evaluation and `rollout` act: as set, or (null) the most likely action for Box actions (the
-    Gaussian's mean, the field's rule for continuous control) and a sampled one for discrete actions. A
-    policy trained by sampling may rely on it: on MiniGrid's DoorKey IMPALA's sampled policy reached
-    the goal while its most likely action looped on one cell until the time limit (docs/runs.md)."""
-    if setting is not None:
-        return bool(setting)
-    return isinstance(action_space, gym.spaces.Box)
-
-
 @contextlib.contextmanager
 def seeded_sampling(seed: int, device: str | torch.device = "cpu") -> Iterator[None]:
     """Sampled actions drawn from torch's RNG seeded with `seed`, and the RNG as it was afterwards: the

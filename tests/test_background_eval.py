@@ -125,7 +125,7 @@ def test_best_pt_holds_the_weights_the_background_evaluation_judged(tmp_path):
     from maze_cli.evaluation import Evaluator
     from maze_cli.seeding import derive_seeds
 
-    result = run_train("+env=cartpole", "runner=subproc", "eval.background=true", "eval.deterministic=true", "epoch_length=4", "max_env_steps=60000", "seed=5",
+    result = run_train("+env=cartpole", "runner=subproc", "eval.background=true", "epoch_length=4", "max_env_steps=60000", "seed=5",
                        "target_return=null", run_dir=tmp_path / "run")
     assert result.returncode == 0, result.stderr[-2000:]
     rows = read_stats(tmp_path / "run")

@@ -106,9 +106,8 @@ def test_the_learners_loss_ignores_every_step_of_a_finished_agent(learner):
 def test_a_shared_policy_learns_the_cooperative_env(tmp_path, algorithm, runner):
     """Each agent must repeat a bit only it sees: random play earns half the team's best (8 per agent)."""
     run_dir = tmp_path / "run"
-    # judged on the most likely action: what the policy learned, without the exploration still in it at 40k env steps
     result = run_train(*team_config(tmp_path), f"algorithm={algorithm}", f"runner={runner}", "max_env_steps=40000", "epoch_length=10",
-                       "eval.episodes=4", "eval.deterministic=true", "seed=1", run_dir=run_dir, timeout=240)
+                       "eval.episodes=4", "seed=1", run_dir=run_dir, timeout=240)
     assert result.returncode == 0, result.stderr
     rows = read_stats(run_dir)
     last = rows[-1]
@@ -133,7 +132,7 @@ def test_rollout_plays_all_agents(tmp_path):
     assert trained.returncode == 0, trained.stderr
     assert "   return     team ret(win)" in trained.stdout + trained.stderr  # the console's team return column
     rollout = Path(run_train.__globals__["TRAIN"]).with_name("rollout")
-    proc = subprocess.run([str(rollout), f"checkpoint={run_dir / 'checkpoints' / 'best.pt'}", "episodes=3", "deterministic=true",
+    proc = subprocess.run([str(rollout), f"checkpoint={run_dir / 'checkpoints' / 'best.pt'}", "episodes=3",
                            "allow=[tests.envs.signal_team_env]"], capture_output=True, text=True, timeout=120,
                           env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
@@ -285,7 +284,7 @@ def test_a_multiagent_run_resumes_and_warm_starts_from_its_checkpoints(tmp_path)
     starts a new run with the trained shared policy (its first evaluation at the best, where a fresh
     policy plays at random, 4 per agent)."""
     trained_dir = tmp_path / "trained"
-    common = [*team_config(tmp_path), "runner=sequential", "eval.episodes=4", "eval.deterministic=true", "seed=1"]
+    common = [*team_config(tmp_path), "runner=sequential", "eval.episodes=4", "seed=1"]
     trained = run_train(*common, "max_env_steps=40000", "epoch_length=10", run_dir=trained_dir)
     assert trained.returncode == 0, trained.stderr
     assert read_stats(trained_dir)[-1]["eval/return_mean"] >= 7.5

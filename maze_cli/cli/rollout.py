@@ -40,8 +40,8 @@ Keys:
   checkpoint=<path>        (required) a checkpoints/last.pt or best.pt of a run
   episodes=10              episodes to play, all at once
   seed=0                   derives the episodes' env seeds
-  deterministic=null       null: as the run's evaluation acted (by default the most likely action for
-                           Box actions, sampled for discrete ones); true: the most likely; false: sampled
+  deterministic=null       null: as the run's evaluation acted (eval.deterministic, by default the most
+                           likely action); true: the most likely; false: sampled
   video=false              record the first episode (MP4 with pip install 'maze_cli[video]', else GIF)
   video_path=...           where; default videos/rollout.mp4 in the checkpoint's run dir
   allow=[my_pkg.MyNet]     classes of your own the checkpoint may build (policy network, env, env wrapper)
@@ -71,7 +71,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     from maze_cli.disk import DiskFull, check_writable_dir
     from maze_cli.envs.factory import EnvFactory
     from maze_cli.errors import CheckpointError
-    from maze_cli.evaluation import deterministic_for, run_episodes, seeded_sampling
+    from maze_cli.evaluation import run_episodes, seeded_sampling
     from maze_cli.policies.blueprint import check_spaces, refused_env_callables
     from maze_cli.seeding import derive_seeds
 
@@ -95,14 +95,14 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     if cfg.video:  # before the episodes run: a place that cannot be written fails at once
         check_writable_dir(video_path.parent, f"video_path={video_path}", "choose another with video_path=<file>")
     seeds = derive_seeds(cfg.seed, "rollout_env", cfg.episodes)
-    run_setting = ((payload.get("config") or {}).get("eval") or {}).get("deterministic")  # what the run's evaluation did
-    deterministic = deterministic_for(action_space, run_setting if cfg.deterministic is None else cfg.deterministic)
+    run_setting = ((payload.get("config") or {}).get("eval") or {}).get("deterministic", True)  # what the run's evaluation did
+    deterministic = bool(run_setting if cfg.deterministic is None else cfg.deterministic)
     with contextlib.nullcontext() if deterministic else seeded_sampling(seeds[0]):
         returns, lengths = run_episodes(env_factory, policy, seeds, deterministic)
     mean = sum(returns) / len(returns)
     std = math.sqrt(sum((r - mean) ** 2 for r in returns) / len(returns))
     print(f"{cfg.episodes} episodes: return {mean:.2f} +- {std:.2f} (min {min(returns):.2f}, max {max(returns):.2f}), "
-          f"episode length {sum(lengths) / len(lengths):.1f}; {'the most likely action' if deterministic else 'sampled actions'}")
+          f"episode length {sum(lengths) / len(lengths):.1f}\nactions: {'the most likely' if deterministic else 'sampled'}")
     if cfg.video:
         from maze_cli.video import record_episode, render_env_config, write_video
 

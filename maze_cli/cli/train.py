@@ -164,7 +164,6 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
     from maze_cli.checkpoint import Checkpointer
     from maze_cli.cli.build import build_run, build_trackers
     from maze_cli.envs.spaces import describe_space
-    from maze_cli.evaluation import deterministic_for
     from maze_cli.stats.writers import ConsoleTable, JsonlWriter, TensorBoardWriter, WritesTo
 
     t = settings.train
@@ -175,7 +174,7 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     jsonl, tensorboard = JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")
     files = [ConsoleTable(team=bool(getattr(env_factory, "agents", None))), jsonl, tensorboard]
-    deterministic = deterministic_for(action_space, t.eval.deterministic)
+    deterministic = t.eval.deterministic
     videos = _eval_videos(settings, run_dir, tensorboard, deterministic)
     trainer = _trainer(settings, run, env_factory, deterministic, files, videos, warm_started, group)
     trainer.callbacks = callbacks
@@ -196,7 +195,7 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
     )
     if t.eval.interval > 0:
         log.info(f"evaluation: {t.eval.episodes} episodes, {'the most likely action' if deterministic else 'sampled actions'} "
-                 f"(eval.deterministic={'null' if t.eval.deterministic is None else str(t.eval.deterministic).lower()})"
+                 f"(eval.deterministic={str(deterministic).lower()})"
                  f"{', in the background' if trainer.background_eval is not None else ''}")
     # last: a failure before it leaves no tracker run open; a full disk under its local files reads as for the run's own
     trackers = [WritesTo(tracker, run_dir) for tracker in build_trackers(settings.logger, run_dir, config)]

@@ -47,9 +47,9 @@ class EvalConfig:
     interval_env_steps: Optional[int] = _f(None, ge=1)
     interval_s: Optional[float] = _f(None, gt=0)  # seconds of training between evaluations, likewise (with the above: whichever comes first)
     episodes: int = _f(10, ge=1)  # episodes per evaluation, the same env seeds every time
-    # true: the policy's most likely action; false: sampled (seeded, so the same weights play the same episodes);
-    # null: the most likely for Box actions, sampled for discrete ones (docs/runs.md)
-    deterministic: Optional[bool] = None
+    # true: the policy's most likely action; false: sampled (seeded, so the same weights play the same episodes):
+    # for a policy whose most likely action can loop (MiniGrid: docs/runs.md)
+    deterministic: bool = True
     # evaluate a copy of the weights in a thread while the learner trains on (its result joins a later epoch's row,
     # eval/snapshot_env_steps naming the weights judged; best.pt is written from them); null: on where a core is
     # left over (actors in processes of their own, more cores than actors + learner threads), off otherwise
