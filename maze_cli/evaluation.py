@@ -90,12 +90,13 @@ def run_episodes(
 
 
 @contextlib.contextmanager
-def seeded_sampling(seed: int, device: str | torch.device = "cpu") -> Iterator[None]:
-    """Sampled actions drawn from torch's RNG seeded with `seed`, and the RNG as it was afterwards: the
-    same weights sample the same episodes at every evaluation, and training's random stream is untouched.
-    In a thread other than the main one (eval.background) the RNG is shared with the learner, which
-    draws from it meanwhile: there the samples follow the learner's stream."""
-    if threading.current_thread() is not threading.main_thread():
+def seeded_sampling(deterministic: bool, seed: int, device: str | torch.device = "cpu") -> Iterator[None]:
+    """Unless `deterministic` (nothing is drawn then): sampled actions drawn from torch's RNG seeded with
+    `seed`, and the RNG as it was afterwards: the same weights sample the same episodes at every
+    evaluation, and training's random stream is untouched. In a thread other than the main one
+    (eval.background) the RNG is shared with the learner, which draws from it meanwhile: there the
+    samples follow the learner's stream."""
+    if deterministic or threading.current_thread() is not threading.main_thread():
         yield
         return
     devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
@@ -118,8 +119,7 @@ class Evaluator:
 
     def __call__(self, policy: nn.Module) -> dict[str, float]:
         episode_info = EpisodeInfoStats(self.info_stats, len(self.seeds))
-        sampling = contextlib.nullcontext() if self.deterministic else seeded_sampling(self.seeds[0], self.device)
-        with eval_mode(policy), sampling:
+        with eval_mode(policy), seeded_sampling(self.deterministic, self.seeds[0], self.device):
             returns, lengths = run_episodes(self.env_factory, policy, self.seeds, self.deterministic, self.device,
                                             episode_info=episode_info)
         raise_error(episode_info.error)

@@ -39,12 +39,10 @@ def render_env_config(env_config: Mapping[str, Any]) -> dict[str, Any]:
 def record_episode(env_factory: Callable, policy: nn.Module, seed: int, deterministic: bool = True, device: str = "cpu") -> list[np.ndarray]:
     """The frames of one episode on env seed `seed` (one per step, rendered after each); sampled
     actions are seeded by `seed` too."""
-    import contextlib
-
     from maze_cli.evaluation import eval_mode, run_episodes, seeded_sampling
 
     frames: list[np.ndarray] = []
-    with eval_mode(policy), (contextlib.nullcontext() if deterministic else seeded_sampling(seed, device)):
+    with eval_mode(policy), seeded_sampling(deterministic, seed, device):
         run_episodes(env_factory, policy, [seed], deterministic, device, on_frame=lambda i, env: frames.append(env.render()))
     if not frames or frames[0] is None:
         raise ValueError("render() returned no rgb_array frame")

@@ -5,7 +5,6 @@ Arguments are `key=value` pairs, checked like `train`'s: a bad one ends in one l
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 from dataclasses import dataclass, field
@@ -97,7 +96,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     seeds = derive_seeds(cfg.seed, "rollout_env", cfg.episodes)
     run_setting = ((payload.get("config") or {}).get("eval") or {}).get("deterministic", True)  # what the run's evaluation did
     deterministic = bool(run_setting if cfg.deterministic is None else cfg.deterministic)
-    with contextlib.nullcontext() if deterministic else seeded_sampling(seeds[0]):
+    with seeded_sampling(deterministic, seeds[0]):
         returns, lengths = run_episodes(env_factory, policy, seeds, deterministic)
     mean = sum(returns) / len(returns)
     std = math.sqrt(sum((r - mean) ** 2 for r in returns) / len(returns))
