@@ -29,7 +29,7 @@ do not show.
 The held-out suite (`--suite heldout`, HELDOUT below) is where a default chosen on the suite above is
 reported and never tuned: LunarLander-v3 (discrete; `box2d`), its continuous version (Box), MiniGrid
 DoorKey-5x5 (a sparse reward behind a key and a door, Dict observations; judged on evaluation), CartPole
-with its velocities hidden (memory, `policy.core=lstm`), MinAtar SpaceInvaders (pixels) and MPE's
+with its velocities hidden (memory, `policy.core=lstm`), MinAtar Asterix (pixels) and MPE's
 simple_reference (two agents that must talk; `multiagent` extra). The last two have no target: their
 return at the budget is the figure.
 
@@ -93,7 +93,8 @@ HELDOUT = {
                         1_000_000, 150, judged_on_eval=True),
     "nocartpole": SuiteEnv(("+env=gym", "env.id=CartPole-v1", "env.wrappers=[suite_envs.HideVelocities]",
                             "policy.core=lstm"), 400.0, 2_000_000, 180),
-    "spaceinvaders": SuiteEnv(("+env=minatar", "env.id=MinAtar/SpaceInvaders-v1"), None, 1_500_000, 150),
+    # (SpaceInvaders is not held out: minatar_impala.yaml's entropy_coef was chosen on it and Breakout)
+    "asterix": SuiteEnv(("+env=minatar", "env.id=MinAtar/Asterix-v1"), None, 1_500_000, 150),
     "reference": SuiteEnv(("+env=reference",), None, 1_500_000, 180),  # MPE simple_reference: 2 agents talk
 }
 SUITES = {"dev": SUITE, "heldout": HELDOUT}
