@@ -184,10 +184,13 @@ def test_sigterm_stops_the_run_with_143_and_a_checkpoint(tmp_path):
 
 def test_a_checkpoint_written_while_being_killed_is_never_truncated(tmp_path):
     run_dir = tmp_path / "run"
-    for delay in (3.0, 3.7, 4.4):
+    last = run_dir / "checkpoints" / "last.pt"
+    for delay in (0.0, 0.35, 0.7):  # after this process's first checkpoint, so the kills land at several points of a write
+        written_before = last.stat().st_mtime_ns if last.exists() else None
         proc, tag = start_train("+env=cartpole", "runner=sequential", "checkpoint.interval=1", "epoch_length=1",
                                 "eval.interval=1", "eval.episodes=1", "target_return=null", "max_env_steps=10000000",
                                 "policy.hidden_sizes=[512,512]", run_dir=run_dir)
+        assert wait_until(lambda: last.exists() and last.stat().st_mtime_ns != written_before, timeout=120), proc.poll()
         time.sleep(delay)
         proc.kill()
         proc.communicate()
@@ -196,7 +199,6 @@ def test_a_checkpoint_written_while_being_killed_is_never_truncated(tmp_path):
             if path.exists():
                 torch.load(path, weights_only=False)  # raises on a truncated file
         assert wait_until(lambda: processes_with_env_tag(tag) == [], timeout=10)
-    assert (run_dir / "checkpoints" / "last.pt").exists()
 
 
 @pytest.mark.slow
