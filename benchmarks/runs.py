@@ -24,6 +24,7 @@ class TrainRun:
     solved: bool  # stopped because the target return was reached
     peak_pss_mib: float  # summed over the train process and all its children
     peak_processes: int
+    run_dir: Path | None = None  # where it wrote
 
     def steady(self, key: str, skip: int = 2) -> float:
         """Median of `key` over the epochs after the first `skip` (which include start-up)."""
@@ -54,7 +55,7 @@ def run_train(overrides: list[str], run_dir: Path, timeout_s: float = 900, pytho
     if proc.returncode != 0:
         raise SystemExit(f"train {' '.join(overrides)} failed (exit {proc.returncode}):\n{stderr[-3000:]}")
     rows = [json.loads(line) for line in (run_dir / "stats.jsonl").read_text().splitlines()]
-    return TrainRun(overrides, wall, rows, "stopped: target_return" in stdout, memory.peak_mib, memory.peak_processes)
+    return TrainRun(overrides, wall, rows, "stopped: target_return" in stdout, memory.peak_mib, memory.peak_processes, run_dir)
 
 
 def publish(lines: list[str], out: Path | None) -> None:

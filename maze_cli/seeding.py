@@ -6,6 +6,7 @@ purpose name, so adding a consumer never shifts the seeds of the others.
 
 from __future__ import annotations
 
+import os
 import random
 import zlib
 
@@ -32,3 +33,12 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def deterministic_torch() -> None:
+    """torch's deterministic algorithms, for reproducible mode: on the CPU its ops already are (with a fixed
+    number of threads); on CUDA some are not (atomic adds in scatter and index_add, cuBLAS's split
+    reductions), so torch picks deterministic ones and warns, naming the op, where it has none. cuBLAS needs
+    a fixed workspace for it, set before CUDA starts."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 import numpy as np
 
@@ -58,6 +60,25 @@ class MissionEnv(CountingEnv):
 
     def _obs(self):
         return {**super()._obs(), "mission": "count to the end"}
+
+
+class SlowEnv(CountingEnv):
+    """Fault injection: sleeps in every step when reset with one of `slow_seeds` (the env seeds of one actor)."""
+
+    def __init__(self, slow_seeds: frozenset = frozenset(), **kwargs):
+        super().__init__(**kwargs)
+        self.slow_seeds = slow_seeds
+        self.slow = False
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.slow = seed in self.slow_seeds
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.slow:
+            time.sleep(0.01)
+        return super().step(action)
 
 
 class StepRaisingEnv(CountingEnv):

@@ -225,3 +225,10 @@ def test_on_policy_ray_batches_hold_only_the_current_version_and_lagging_ones_ar
         batch, *_ = actors.collect_outputs("cpu")
         assert (batch.policy_version == actors.policy_version).all()
         assert actors.get_epoch_stats_aggregator().get("dropped_rollouts", "sum") >= 2
+
+
+def test_reproducible_ray_actors_follow_the_schedule_whatever_the_arrival_order(cluster):
+    from tests.test_reproducible import ENV_SEEDS, check_schedule, slow_first_actor
+
+    with make_actors(cluster, slow_first_actor(2), n_actors=3, actor_env_seeds=ENV_SEEDS, reproducible=True) as actors:
+        check_schedule(actors)

@@ -21,7 +21,9 @@ def read_stats(run_dir: Path) -> list[dict]:
 
 
 def without_timings(stats: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k not in ("time_s", "sps", "queue_size") and not k.startswith("time/") and not k.endswith("_s")} for row in stats]
+    """Rows without what depends on timing: times, speeds, and how full the queue or how idle the actors were."""
+    timing = ("time_s", "sps", "queue_size", "actor_idle_frac")
+    return [{k: v for k, v in row.items() if k not in timing and not k.startswith("time/") and not k.endswith("_s")} for row in stats]
 
 
 @pytest.mark.slow

@@ -145,9 +145,11 @@ def _prepare_this_process(settings):
 
     from maze_cli.cli.build import check_device, check_env
     from maze_cli.learner import check_options
-    from maze_cli.seeding import derive_seed, seed_everything
+    from maze_cli.seeding import derive_seed, deterministic_torch, seed_everything
 
     t = settings.train
+    if settings.runner.get("reproducible"):
+        deterministic_torch()
     check_device(t.device)
     check_options(t.learner.precision, t.learner.compile, t.device)
     signal.signal(signal.SIGTERM, _raise_terminated)
@@ -183,6 +185,9 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
     trainer.on_best_snapshot = checkpointer.save_best_snapshot
     if t.resume:
         _restore(checkpointer, resumed_from, trainer, jsonl, tensorboard, run_dir)
+        if settings.runner.get("reproducible"):
+            log.warning("runner.reproducible: the actors' envs start anew on resume (a checkpoint holds no env state), so "
+                        "from here on the run is not the one that never stopped")
     if group is not None:  # every learner starts from learner 0's state: weights, optimizer, statistics
         group.broadcast_object(run.learner.state_dict())
     log.info(f"run dir: {run_dir}")
@@ -274,8 +279,13 @@ def _trainer(settings, run, env_factory, deterministic: bool, files: list, video
 def _background_eval(settings) -> bool:
     """eval.background as set, or (null) on where a core is left over for it: the actors run in processes
     of their own (not runner=sequential, whose envs step in this process) and the machine has more cores
-    than the actors and the learners' torch threads take."""
+    than the actors and the learners' torch threads take. Never in reproducible mode."""
     t = settings.train
+    if settings.runner.get("reproducible"):
+        if t.eval.background:
+            raise ConfigError("eval.background=true with runner.reproducible=true: a background evaluation joins the row of the "
+                              "epoch in which it happens to finish, so the rows would depend on timing; set eval.background=false")
+        return False
     if t.eval.background is not None:
         return bool(t.eval.background)
     n_actors = settings.runner.get("n_actors")

@@ -314,6 +314,11 @@ class SequentialRunnerConfig:
     # a rollout running this long is interrupted (main thread only); runner=ray: the clock of a (re)started
     # actor starts when it is created, so keep it above Ray's actor start-up
     rollout_timeout_s: Optional[float] = _f(120.0, gt=0)
+    # true: a run is a function of its seed on every runner (the same stats rows apart from timings, the same
+    # weights): each actor collects its rollouts with policy versions fixed in advance (one update behind the
+    # learner, PPO's the current one) and the learner takes them in a fixed order, waiting for a slow actor
+    # instead of taking the next rollout ready (docs/runs.md, Reproducible runs)
+    reproducible: bool = False
 
 
 @dataclass

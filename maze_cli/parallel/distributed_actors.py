@@ -23,10 +23,12 @@ from torch import nn
 from maze_cli.envs.info_stats import raise_error
 from maze_cli.envs.spaces import action_spec, observation_specs
 from maze_cli.errors import MazeCliError
+from maze_cli.parallel.schedule import RolloutSchedule
 from maze_cli.records import Rollout, RolloutInfo, RolloutSpec, TensorSpec
 from maze_cli.stats.aggregator import EpochStatsAggregator, LogStatsLevel
 
 log = logging.getLogger("maze_cli")
+_Record = TypeVar("_Record")  # a rollout, or where a backend keeps one (a slot)
 
 
 class ActorFailure(MazeCliError, RuntimeError):
@@ -65,6 +67,10 @@ class DistributedActors(abc.ABC):
         broadcast: `batch_size` rollouts per policy version, so every batch holds the current version
         only (policy lag 0, as PPO needs) and actors idle while the learner updates (the
         `actor_idle_frac` stat says how much). Implies `max_policy_lag=0`.
+    :param reproducible: collect on a fixed schedule (`maze_cli.parallel.schedule`): actor g % n_actors
+        collects rollout g with the version the learner held when it started to collect the batch before
+        (policy lag exactly 1; 0 with `on_policy`), and each batch is taken in the order of g, so that a
+        run depends on its seeds alone, whatever the timing. Needs `max_policy_lag` >= 1 unless `on_policy`.
     """
 
     def __init__(
@@ -82,6 +88,7 @@ class DistributedActors(abc.ABC):
         rollout_timeout_s: float | None = None,
         max_policy_lag: int | None = None,
         on_policy: bool = False,
+        reproducible: bool = False,
     ):
         if n_actors < 1 or batch_size < 1 or n_rollout_steps < 1 or envs_per_actor < 1:
             raise ValueError("n_actors, batch_size, n_rollout_steps and envs_per_actor must be at least 1")
@@ -101,6 +108,11 @@ class DistributedActors(abc.ABC):
             raise ValueError("max_policy_lag must be at least 0 (or None: no limit)")
         self.on_policy = on_policy
         self.max_policy_lag = 0 if on_policy else max_policy_lag
+        self.schedule = RolloutSchedule(n_actors, batch_size, lag=0 if on_policy else 1) if reproducible else None
+        if self.schedule and self.max_policy_lag is not None and self.max_policy_lag < self.schedule.lag:
+            raise ValueError(f"reproducible mode collects every rollout {self.schedule.lag} policy version behind the learner, "
+                             f"and max_policy_lag={self.max_policy_lag} would drop them all: set it to 1 or more")
+        self._diverged = False  # reproducible mode: a restarted actor made the run depend on more than its seeds
         self.max_restarts = max_restarts
         self.rollout_timeout_s = rollout_timeout_s
         self.restarts = 0
@@ -184,6 +196,18 @@ class DistributedActors(abc.ABC):
             stats.add("actor_idle_frac", wait / (wait + busy))
         return True
 
+    def _take_in_order(self, arrived: dict[int, tuple[_Record, RolloutInfo]]) -> list[_Record]:
+        """Reproducible mode: batch `schedule.next_batch` from its rollouts (by index in the batch, in
+        whatever order they arrived; each a record or where the backend keeps it), accounted and
+        returned in the order of the schedule."""
+        records = []
+        for index in range(self.batch_size):
+            record, info = arrived[index]
+            self._record_rollout(info)  # never dropped: the schedule's lag is within max_policy_lag
+            records.append(record)
+        self.schedule.taken()
+        return records
+
     # -- failures ------------------------------------------------------------------------------
     def restart_seeds(self, index: int) -> tuple[int, int]:
         """Env and agent seeds of actor `index` after its restarts so far (the originals before any)."""
@@ -237,6 +261,10 @@ class DistributedActors(abc.ABC):
         self.epoch_stats.add("actor_restarts", 1)
         reason = failure.details.strip().splitlines()[-1] if failure.details.strip() else "unknown error"
         log.warning(f"actor {index} failed ({reason}); restarting it: restart {self.restarts} of {self.max_restarts}")
+        if self.schedule and not self._diverged:
+            self._diverged = True
+            log.warning(f"runner.reproducible: actor {index} restarts with new seeds, so from this epoch on the run is no "
+                        f"longer the one its seed alone gives")
         self._restart_actor(index)
         self.last_seen[index] = time.monotonic()
 

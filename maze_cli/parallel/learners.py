@@ -55,10 +55,12 @@ def prepare_learner(task: LearnerTask) -> PreparedLearner:
 
     from maze_cli.cli.build import check_env
     from maze_cli.config.schema import register_configs, validate
-    from maze_cli.seeding import derive_seed, seed_everything
+    from maze_cli.seeding import derive_seed, deterministic_torch, seed_everything
 
     register_configs()
     settings = validate(OmegaConf.create(task.config), [])
+    if settings.runner.get("reproducible"):
+        deterministic_torch()
     torch.set_num_threads(settings.train.torch_threads)
     env = check_env(settings)
     seed_everything(derive_seed(settings.train.seed, f"learner/{task.group.rank}"))

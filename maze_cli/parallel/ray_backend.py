@@ -29,6 +29,7 @@ from maze_cli.envs.mujoco import quiet_env_library_warnings
 from maze_cli.parallel.actor_loop import Actor
 from maze_cli.parallel.distributed_actors import DistributedActors, takes_actor_options
 from maze_cli.parallel.requests import OpenRequests
+from maze_cli.parallel.schedule import Job
 from maze_cli.records import Rollout, RolloutInfo
 
 log = logging.getLogger("maze_cli")
@@ -125,6 +126,9 @@ class RayDistributedActors(DistributedActors):
         self.handles: list = []
         self.pending: dict = {}  # rollout ref -> actor index
         self._open = OpenRequests(n_actors)  # the same refs, per actor, with the version and time of the request
+        self._jobs: dict = {}  # reproducible mode: rollout ref -> its scheduled job
+        self._arrived: dict[Job, tuple[Rollout, RolloutInfo]] = {}  # and the rollouts in, by job
+        self._weight_refs: dict[int, Any] = {}  # reproducible mode: the versions open requests may name
         self.placements: list[dict[str, Any]] = []
         self._connected = False
 
@@ -143,6 +147,9 @@ class RayDistributedActors(DistributedActors):
             self.stop()  # the caller's `with` never reaches __exit__ when start fails
             raise
         self._weights = [0, ray.put({k: v.detach().cpu() for k, v in self.policy.state_dict().items()})]
+        self._weight_refs = {0: self._weights[1]}
+        if self.schedule:
+            return  # requested as the schedule says, when the learner collects
         if self.on_policy:
             self._request_batch(0)
         else:
@@ -160,7 +167,7 @@ class RayDistributedActors(DistributedActors):
         ray = import_ray()
         for handle in self.handles:
             _kill(ray, handle)
-        self.handles, self.pending, self._open = [], {}, OpenRequests(self.n_actors)
+        self.handles, self.pending, self._open, self._jobs = [], {}, OpenRequests(self.n_actors), {}
         if self._connected:
             ray.shutdown()
             self._connected = False
@@ -249,7 +256,10 @@ class RayDistributedActors(DistributedActors):
         ray = import_ray()
         self.policy_version += 1
         self._weights = [self.policy_version, ray.put({k: v.detach().cpu() for k, v in state_dict.items()})]
-        if self.on_policy:
+        if self.schedule:  # kept while a request may still name it
+            self._weight_refs[self.policy_version] = self._weights[1]
+            self._weight_refs.pop(self.policy_version - self.schedule.versions_kept, None)
+        elif self.on_policy:
             self._request_batch(0)
 
     def _ready_count(self) -> int:
@@ -259,6 +269,8 @@ class RayDistributedActors(DistributedActors):
     def collect_outputs(self, learner_device: str) -> tuple[Rollout, float, float, float]:
         ray = import_ray()
         self._check_silent()  # the others may keep serving while one actor hangs
+        if self.schedule:
+            return self._collect_scheduled(ray, learner_device)
         queue_before = self._ready_count()
         start = time.perf_counter()
         rollouts: list[Rollout] = []
@@ -283,8 +295,43 @@ class RayDistributedActors(DistributedActors):
         batch = Rollout.cat(rollouts).to(learner_device)
         return batch, float(queue_before), float(self._ready_count()), dequeue_time
 
-    def _receive(self, ray, ref, index: int) -> tuple[Rollout, RolloutInfo] | None:
-        """The rollout behind `ref`, or None after recovering from its actor's failure."""
+    # -- reproducible mode ---------------------------------------------------------------------
+    def _request_job(self, job: Job) -> None:
+        """Ask the job's actor for its rollout with the job's policy version (Ray runs one caller's
+        calls to an actor in the order they were made, so each actor's rollouts follow the schedule)."""
+        ref = self.handles[job.actor].collect.remote([job.version, self._weight_refs[job.version]])
+        self.pending[ref] = job.actor
+        self._jobs[ref] = job
+        self._open.add(job.actor, ref, job.version)
+
+    def _collect_scheduled(self, ray, learner_device: str) -> tuple[Rollout, float, float, float]:
+        """The schedule's next batch: request what is due, then wait until all of its rollouts are in
+        (in whatever order they come) and take them in the schedule's order."""
+        for job in self.schedule.due(self.policy_version):
+            self._request_job(job)
+        queue_before = self._ready_count() + len(self._arrived)
+        start = time.perf_counter()
+        batch = self.schedule.next_batch
+        while sum(job.batch == batch for job in self._arrived) < self.batch_size:
+            ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=_POLL_S)
+            if not ready:
+                self._check_silent()
+                continue
+            ref = ready[0]
+            job = self._jobs[ref]
+            received = self._receive(ray, ref, job.actor, job)
+            if received is not None:  # else recovered: the job was asked for again (a restart asks for all the actor's)
+                del self.pending[ref], self._jobs[ref]
+                self._open.close(job.actor, ref)
+                self._arrived[job] = received
+        jobs = [job for job in self._arrived if job.batch == batch]
+        records = self._take_in_order({job.index: self._arrived.pop(job) for job in jobs})
+        dequeue_time = time.perf_counter() - start
+        return Rollout.cat(records).to(learner_device), float(queue_before), float(self._ready_count()), dequeue_time
+
+    def _receive(self, ray, ref, index: int, job: Job | None = None) -> tuple[Rollout, RolloutInfo] | None:
+        """The rollout behind `ref`, or None after recovering from its actor's failure (reproducible
+        mode: `job` is the rollout's place in the schedule, asked for again)."""
         from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
         try:
@@ -293,7 +340,12 @@ class RayDistributedActors(DistributedActors):
             self._actor_failed(index, str(err))
         except ActorUnavailableError:  # unreachable for a moment, not dead: ask again
             time.sleep(_POLL_S / 10)
-            self._request(index)
+            if job is None:
+                self._request(index)
+            else:
+                del self.pending[ref], self._jobs[ref]
+                self._open.close(index, ref)
+                self._request_job(job)
         except RayActorError as err:  # the process or its node is gone (or its __init__ raised)
             self._actor_failed(index, f"ray actor died: {_died_reason(err)}")
         return None
@@ -303,10 +355,15 @@ class RayDistributedActors(DistributedActors):
         """Kill actor `index` (it may be hung, not dead), forget its rollouts in flight, start a fresh one."""
         ray = import_ray()
         _kill(ray, self.handles[index])
-        for ref in self._open.drop(index):
-            del self.pending[ref]
+        dropped = self._open.drop(index)
+        for ref in dropped:
+            self.pending.pop(ref, None)
         self.handles[index] = self._new_actor(index)
-        self._request_all(index)
+        if self.schedule:  # the lost requests again, in their order, from the new actor
+            for job in sorted((self._jobs.pop(ref) for ref in dropped), key=lambda j: (j.batch, j.index)):
+                self._request_job(job)
+        else:
+            self._request_all(index)
 
 
 def _indices(indices: list[int]) -> str:

@@ -19,7 +19,9 @@ from maze_cli.records import Rollout
 class SequentialDistributedActors(DistributedActors):
     """Runs the same actor loop as the other backends, in process, round robin over the actors.
 
-    Deterministic: the same seeds give the same rollouts and the same learning run.
+    Deterministic: the same seeds give the same rollouts and the same learning run. With `reproducible`
+    it follows the schedule the other backends follow in that mode (each batch collected with the policy
+    of one update before, on PPO the current one), so that its run is theirs.
 
     Takes DistributedActors' arguments. `rollout_timeout_s` is enforced from inside: nothing else
     runs while an actor collects, so an alarm signal interrupts a rollout that takes longer (only
@@ -36,6 +38,9 @@ class SequentialDistributedActors(DistributedActors):
         self.actors = [self._make_actor(i) for i in range(self.n_actors)]
         self._records = [self.rollout_spec.allocate() for _ in range(self.batch_size)]
         self._next_actor = 0
+        # reproducible mode: the weights of the versions open requests were made with, and those requests
+        self._versions = {0: _copy(self.policy.state_dict())}
+        self._jobs: list = []
 
     def stop(self) -> None:
         for actor in getattr(self, "actors", []):
@@ -45,6 +50,11 @@ class SequentialDistributedActors(DistributedActors):
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.policy_version += 1
         self._latest = state_dict
+        if self.schedule:  # kept for the requests to come; an actor loads a version when its rollout is due
+            self._versions[self.policy_version] = _copy(state_dict)
+            for old in [v for v in self._versions if v <= self.policy_version - self.schedule.versions_kept]:
+                del self._versions[old]
+            return
         for actor in self.actors:
             actor.load_policy(state_dict, self.policy_version)
 
@@ -55,6 +65,8 @@ class SequentialDistributedActors(DistributedActors):
             self.actors[index].load_policy(self._latest, self.policy_version)
 
     def collect_outputs(self, learner_device: str) -> tuple[Rollout, float, float, float]:
+        if self.schedule:
+            return self._collect_scheduled(learner_device)
         start = time.perf_counter()
         for record in self._records:
             while True:
@@ -71,6 +83,34 @@ class SequentialDistributedActors(DistributedActors):
             self._record_rollout(info)
         batch = Rollout.cat(self._records).to(learner_device)
         return batch, 0.0, 0.0, time.perf_counter() - start
+
+    def _collect_scheduled(self, learner_device: str) -> tuple[Rollout, float, float, float]:
+        """Reproducible mode: the schedule's next batch, each rollout by its actor with the version it was
+        requested with (the request made when the batch `lag` before it was collected)."""
+        start = time.perf_counter()
+        self._jobs += self.schedule.due(self.policy_version)
+        batch, self._jobs = self._jobs[:self.batch_size], self._jobs[self.batch_size:]
+        arrived = {}
+        for job, record in zip(batch, self._records):
+            while True:
+                actor = self.actors[job.actor]
+                if actor.policy_version != job.version:
+                    actor.load_policy(self._versions[job.version], job.version)
+                try:
+                    with _deadline(self.rollout_timeout_s):
+                        arrived[job.index] = (record, actor.collect(record))
+                    break
+                except RolloutTimeout:
+                    self._recover(self._silent_failure(actor.index, self.rollout_timeout_s))
+                except Exception:
+                    self._actor_failed(actor.index, traceback.format_exc())
+        batch = Rollout.cat(self._take_in_order(arrived)).to(learner_device)
+        return batch, 0.0, 0.0, time.perf_counter() - start
+
+
+def _copy(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state_dict of its own (the learner's tensors change in place with every update)."""
+    return {k: v.detach().clone() for k, v in state_dict.items()}
 
 
 class RolloutTimeout(Exception):

@@ -33,6 +33,7 @@ from maze_cli.envs.mujoco import quiet_env_library_warnings
 from maze_cli.parallel.actor_loop import Actor
 from maze_cli.parallel.distributed_actors import DistributedActors, takes_actor_options
 from maze_cli.parallel.requests import OpenRequests
+from maze_cli.parallel.schedule import Job
 from maze_cli.parallel.shared_memory import CHOICES, SharedTensors, memory_for, place, size_in_file
 from maze_cli.parallel.shared_weights import SharedWeights
 from maze_cli.records import Rollout, RolloutSpec
@@ -52,9 +53,9 @@ def _send(connection, message) -> bool:
         return False
 
 
-def _get(connection, stopping) -> int | None:
-    """The next slot the learner requests; None once the run stops (`stopping`, a flag in shared
-    memory read without a lock) or the learner is gone."""
+def _get(connection, stopping) -> int | tuple[int, int] | None:
+    """The next slot the learner requests (reproducible mode: with the policy version to fill it with);
+    None once the run stops (`stopping`, a flag in shared memory read without a lock) or the learner is gone."""
     parent = mp.parent_process()
     while not stopping.value:
         try:
@@ -80,7 +81,7 @@ def actor_process(
     slots: SharedTensors,
     requests,
     outbox,
-    weights: SharedWeights,
+    weights: list[SharedWeights],
     stopping,
     env_seed: int,
     agent_seed: int,
@@ -88,7 +89,9 @@ def actor_process(
     generation: int,
 ) -> None:
     """The body of one actor subprocess: take a requested slot from its own pipe, pull weights if
-    newer, fill the slot, send its index back through its own pipe.
+    newer, fill the slot, send its index back through its own pipe. `weights` is one buffer holding
+    the newest version, or in reproducible mode a ring (version v in buffer v % len) from which each
+    request names the version to act with.
 
     `generation` counts the actor's restarts; its error report carries it, so that a report from a
     process the learner already replaced is not counted twice."""
@@ -101,13 +104,17 @@ def actor_process(
         actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy)
         while not stopping.value:
             t0 = time.perf_counter()
-            slot = _get(requests, stopping)
-            if slot is None:
+            request = _get(requests, stopping)
+            if request is None:
                 break
             wait = time.perf_counter() - t0
+            slot, version = request if isinstance(request, tuple) else (request, None)
             # After taking the slot: an on-policy learner publishes before it hands out slots.
-            if weights.version != actor.policy_version:
-                actor.policy_version = weights.pull(actor.policy)
+            if version is None and weights[0].version != actor.policy_version:
+                actor.policy_version = weights[0].pull(actor.policy)
+            elif version is not None and version != actor.policy_version:
+                weights[version % len(weights)].pull(actor.policy)
+                actor.policy_version = version
             info = actor.collect(slots.slot(slot))
             info.timings["actor_wait_s"] = wait
             if not _send(outbox, ("rollout", slot, info, generation)):
@@ -171,13 +178,18 @@ class SubprocDistributedActors(DistributedActors):
     def _start_actors(self) -> None:
         self._ctx = mp.get_context(self.start_method)
         warm_up_start_method(self.start_method)
-        # on-policy: one batch requested at a time; else the queue bound plus one being filled per actor
-        n_slots = self.batch_size + self.n_actors if self.on_policy else self.queue_size + self.n_actors
+        # on-policy: one batch requested at a time; else the queue bound plus one being filled per actor;
+        # reproducible: the batches the schedule requests ahead of the learner
+        if self.schedule:
+            n_slots = (self.schedule.lag + 1) * self.batch_size
+        else:
+            n_slots = self.batch_size + self.n_actors if self.on_policy else self.queue_size + self.n_actors
         allocate_slots = functools.partial(_allocate_slots, self.rollout_spec, n_slots)
-        slots_bytes = size_in_file([allocate_slots])
-        needed = slots_bytes + SharedWeights.size_in_file(self.policy)
+        slots_bytes, weights_bytes = size_in_file([allocate_slots]), SharedWeights.size_in_file(self.policy)
+        n_weights = self.schedule.versions_kept if self.schedule else 1
+        needed = slots_bytes + n_weights * weights_bytes
         directory = place(self.shared_memory, needed, "runner.envs_per_actor, algorithm.n_rollout_steps or runner.n_actors")
-        self._memories = [memory_for(directory, slots_bytes), memory_for(directory, needed - slots_bytes)]
+        self._memories = [memory_for(directory, slots_bytes)] + [memory_for(directory, weights_bytes) for _ in range(n_weights)]
         self._slots = SharedTensors(allocate_slots, self._memories[0])
         self.slots = self._slots.value
         total = self.slots.nbytes
@@ -192,14 +204,17 @@ class SubprocDistributedActors(DistributedActors):
         self._idle_slots = list(range(n_slots))
         self._open = OpenRequests(self.n_actors)
         self._received: collections.deque = collections.deque()
-        self.weights = SharedWeights(self.policy, self._memories[1])
+        self._jobs: dict[int, Job] = {}  # reproducible mode: slot -> the scheduled rollout it was requested for
+        self._arrived: dict[Job, tuple[int, Any]] = {}  # and the rollouts in, by job: (slot, info)
+        self.weights = [SharedWeights(self.policy, memory) for memory in self._memories[1:]]
         self._stopping = self._ctx.RawValue(ctypes.c_bool, False)
         self._policy_copy = copy.deepcopy(self.policy)
         self._stopped = False
         self.processes = [None] * self.n_actors
         for i in range(self.n_actors):
             self._spawn(i)
-        self._hand_out(0)
+        if not self.schedule:  # reproducible: requested as the schedule says, when the learner collects
+            self._hand_out(0)
 
     def _spawn(self, index: int) -> None:
         """Start actor `index` with fresh channels of its own."""
@@ -239,9 +254,13 @@ class SubprocDistributedActors(DistributedActors):
             old.kill()
         old.join(timeout=_JOIN_TIMEOUT_S)
         self._close_channels(index)
-        self._idle_slots += self._open.drop(index)
+        dropped = self._open.drop(index)
+        self._idle_slots += dropped
         self._spawn(index)
-        if not self.on_policy:  # on-policy, _next_message re-requests what the batch still lacks
+        if self.schedule:  # the lost requests again, in their order, from the new actor
+            for job in sorted((self._jobs.pop(slot) for slot in dropped), key=lambda j: (j.batch, j.index)):
+                self._request_job(job)
+        elif not self.on_policy:  # on-policy, _next_message re-requests what the batch still lacks
             self._hand_out(0)
 
     def _close_channels(self, index: int) -> None:
@@ -271,7 +290,11 @@ class SubprocDistributedActors(DistributedActors):
             getattr(memory, "close", lambda: None)()
 
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self.policy_version = self.weights.publish(state_dict)
+        if self.schedule:  # into the ring, over the oldest version, which no open request needs
+            self.policy_version += 1
+            self.weights[self.policy_version % len(self.weights)].publish(state_dict)
+            return
+        self.policy_version = self.weights[0].publish(state_dict)
         if self.on_policy:
             self._hand_out(0)  # after publishing: these rollouts use the new version
 
@@ -301,7 +324,7 @@ class SubprocDistributedActors(DistributedActors):
         """The next message, recovering dead or silent actors while waiting (and, on-policy,
         handing a restarted actor's requests to the others; `received` rollouts are in)."""
         while not self._received:
-            if self.on_policy:
+            if self.on_policy and not self.schedule:
                 self._hand_out(received)
             self._receive(timeout=_POLL_S)
             if not self._received:
@@ -312,24 +335,24 @@ class SubprocDistributedActors(DistributedActors):
     def collect_outputs(self, learner_device: str) -> tuple[Rollout, float, float, float]:
         self._check_alive()
         self._check_silent()  # the others may keep delivering while one actor hangs
+        if self.schedule:
+            for job in self.schedule.due(self.policy_version):
+                self._request_job(job)
         self._receive(timeout=0)
-        queue_before = len(self._received)
+        queue_before = len(self._received) + len(self._arrived)
         start = time.perf_counter()
         taken: list[int] = []
         while len(taken) < self.batch_size:
-            kind, *payload = self._next_message(len(taken))
-            if kind == "error":
-                index, generation, slot, details = payload
-                if generation != self.actor_restarts[index]:
-                    continue  # from a process already replaced (e.g. killed as silent after it reported)
-                self.processes[index].join(timeout=_JOIN_TIMEOUT_S)  # it exits after reporting
-                self._actor_failed(index, details)  # the restart takes back its slots
+            if self.schedule and self._batch_in():
+                taken = self._take_scheduled()
+                break
+            rollout = self._next_rollout(len(taken))
+            if rollout is None:
                 continue
-            slot, info, generation = payload
-            if generation != self.actor_restarts[info.actor_index]:
-                continue  # sent by a replaced process: its slots were taken back, maybe handed out again
-            self._open.close(info.actor_index, slot)
-            if self._record_rollout(info):
+            slot, info = rollout
+            if self.schedule:
+                self._arrived[self._jobs.pop(slot)] = (slot, info)
+            elif self._record_rollout(info):
                 taken.append(slot)
             else:
                 self._release(slot)
@@ -340,6 +363,40 @@ class SubprocDistributedActors(DistributedActors):
         self._receive(timeout=0)
         return batch, float(queue_before), float(len(self._received)), dequeue_time
 
+    def _next_rollout(self, received: int) -> tuple[int, Any] | None:
+        """The next rollout in, as (slot, info); None after a message that brought none (an actor's
+        error, recovered from here, or a message of a process already replaced)."""
+        kind, *payload = self._next_message(received)
+        if kind == "error":
+            index, generation, slot, details = payload
+            if generation == self.actor_restarts[index]:  # else from a process already replaced
+                self.processes[index].join(timeout=_JOIN_TIMEOUT_S)  # it exits after reporting
+                self._actor_failed(index, details)  # the restart takes back its slots
+            return None
+        slot, info, generation = payload
+        if generation != self.actor_restarts[info.actor_index]:
+            return None  # sent by a replaced process: its slots were taken back, maybe handed out again
+        self._open.close(info.actor_index, slot)
+        return slot, info
+
+    # -- reproducible mode ---------------------------------------------------------------------
+    def _request_job(self, job: Job) -> None:
+        """Ask the job's actor for its rollout, with the job's policy version (kept in the ring)."""
+        slot = self._idle_slots.pop()
+        self._jobs[slot] = job
+        self._open.add(job.actor, slot, job.version)
+        self._requests[job.actor].send((slot, job.version))
+
+    def _batch_in(self) -> bool:
+        batch = self.schedule.next_batch
+        return sum(job.batch == batch for job in self._arrived) == self.batch_size
+
+    def _take_scheduled(self) -> list[int]:
+        """The slots of the schedule's next batch, in its order (its rollouts accounted in that order)."""
+        batch = self.schedule.next_batch
+        jobs = [job for job in self._arrived if job.batch == batch]
+        return self._take_in_order({job.index: self._arrived.pop(job) for job in jobs})
+
     def _owes_rollout_since(self, index: int) -> float | None:
         """An actor owes a rollout while it holds a requested slot (without one it waits on the
         learner, on purpose): see OpenRequests.owed_since."""
@@ -349,7 +406,7 @@ class SubprocDistributedActors(DistributedActors):
         """A slot the learner is done with: back to the pool; off-policy, handed out again at once
         (on-policy it waits for the next version's requests)."""
         self._idle_slots.append(slot)
-        if not self.on_policy:
+        if not self.on_policy and not self.schedule:
             self._hand_out(0)
 
     def alive_pids(self) -> list[int]:

@@ -1,0 +1,147 @@
+"""Reproducible mode (`runner.reproducible=true`): are runs of one seed one run, and what does it cost?
+
+    python benchmarks/reproducible.py same --out /tmp/same.md      # identical runs: rows and weights
+    python benchmarks/reproducible.py speed --out /tmp/speed.md    # env steps/s against the asynchronous mode
+    python benchmarks/reproducible.py spread --seeds 1 2 3 4 5 --minutes 10   # MinAtar Breakout, both modes
+
+1. `same`: the same command three times per runner (and the runners against each other): CartPole with
+   IMPALA on subproc and Ray, SAC on Pendulum, IMPALA on MinAtar Breakout for 1M env steps. Two runs are the
+   same when every row of stats.jsonl matches apart from timings and every tensor of last.pt's learner state
+   is equal.
+2. `speed`: the steady env steps/s (median over the epochs after the first two) of the same config in both
+   modes, runs alternating, `--rounds` of each: CartPole, MinAtar Breakout, Atari Pong.
+3. `spread`: MinAtar Breakout for `--minutes` per seed in both modes, alternating by seed: the mean of the
+   last 3 evaluations per seed, and the spread between seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+
+from machine import machine_line
+from runs import TrainRun, publish, run_train
+
+TIMING = ("time_s", "sps", "queue_size", "actor_idle_frac")
+
+SAME = {  # name: overrides, each run three times per runner
+    "cartpole": ["+env=cartpole", "seed=3"],
+    "sac-pendulum": ["+env=pendulum", "algorithm=sac", "seed=3", "max_env_steps=20000"],
+    "minatar-1M": ["+env=minatar", "seed=3", "max_env_steps=1000000", "target_return=null"],
+}
+SPEED = {
+    "cartpole": ["+env=cartpole", "target_return=null", "max_time_s=60", "eval.interval=0"],
+    "minatar-breakout": ["+env=minatar", "target_return=null", "max_time_s=90", "eval.interval=0"],
+    "pong": ["+env=atari", "env.id=ALE/Pong-v5", "target_return=null", "max_time_s=150", "eval.interval=0"],
+}
+
+
+def without_timings(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in TIMING and not k.startswith("time/") and not k.endswith("_s")} for row in rows]
+
+
+def learner_state(run_dir: Path) -> torch.Tensor:
+    """Every tensor and number of last.pt's learner state, flattened in a fixed order."""
+    def flat(tree):
+        if isinstance(tree, torch.Tensor):
+            yield tree.double().flatten()
+        elif isinstance(tree, (int, float)):
+            yield torch.tensor([float(tree)], dtype=torch.float64)
+        elif isinstance(tree, dict):
+            for key in sorted(tree, key=str):
+                yield from flat(tree[key])
+        elif isinstance(tree, (list, tuple)):
+            for item in tree:
+                yield from flat(item)
+
+    return torch.cat(list(flat(torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["learner"])))
+
+
+def first_difference(a: TrainRun, b: TrainRun) -> str:
+    """'same', or where two runs part: the first row and key that differ, or the weights."""
+    ra, rb = without_timings(a.rows), without_timings(b.rows)
+    for i, (x, y) in enumerate(zip(ra, rb)):
+        keys = sorted(k for k in set(x) | set(y) if x.get(k) != y.get(k))
+        if keys:
+            return f"row {i + 1}: {', '.join(keys[:3])}"
+    if len(ra) != len(rb):
+        return f"{len(ra)} rows against {len(rb)}"
+    return "same" if torch.equal(learner_state(a.run_dir), learner_state(b.run_dir)) else "weights differ"
+
+
+def same(workdir: Path) -> list[str]:
+    lines = ["| task | runner | runs | rows | env steps | against the first run | against subproc's first |", "|---|---|---:|---:|---:|---|---|"]
+    for name, overrides in SAME.items():
+        runners = ["subproc", "ray", "sequential"] if name == "cartpole" else ["subproc", "sequential"]
+        reference = None
+        for runner in runners:
+            runs = []
+            for i in range(3 if runner != "sequential" else 1):
+                runs.append(run_train([*overrides, f"runner={runner}", "runner.reproducible=true"], workdir / f"{name}-{runner}-{i}",
+                                      timeout_s=3600))
+            reference = reference or runs[0]
+            within = ", ".join(first_difference(runs[0], r) for r in runs[1:]) or "-"
+            lines.append(f"| {name} | {runner} | {len(runs)} | {len(runs[0].rows)} | {runs[0].rows[-1]['env_steps']:,} | {within} | "
+                         f"{first_difference(reference, runs[0]) if runs[0] is not reference else '-'} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
+def speed(workdir: Path, rounds: int, tasks: list[str]) -> list[str]:
+    lines = ["| task | asynchronous env steps/s (each run) | reproducible (each run) | ratio of medians |", "|---|---|---|---:|"]
+    for name in tasks:
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        for r in range(rounds):
+            for reproducible in (False, True):
+                run = run_train([*SPEED[name], f"runner.reproducible={str(reproducible).lower()}"], workdir / f"{name}-{r}-{reproducible}",
+                                timeout_s=1200)
+                rates[reproducible].append(run.steady("sps"))
+        ratio = statistics.median(rates[True]) / statistics.median(rates[False])
+        lines.append(f"| {name} | {' / '.join(f'{x:,.0f}' for x in rates[False])} | {' / '.join(f'{x:,.0f}' for x in rates[True])} | {ratio:.2f}x |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def spread(workdir: Path, seeds: list[int], minutes: float) -> list[str]:
+    lines = ["| mode | mean of the last 3 evaluations, per seed | mean | min-max | env steps (median) |", "|---|---|---:|---|---:|"]
+    results: dict[bool, list[tuple[float, int]]] = {False: [], True: []}
+    for seed in seeds:
+        for reproducible in (False, True):
+            run = run_train(["+env=minatar", f"seed={seed}", f"max_time_s={minutes * 60:g}", "target_return=null",
+                             f"runner.reproducible={str(reproducible).lower()}"], workdir / f"breakout-{seed}-{reproducible}",
+                            timeout_s=minutes * 60 + 600)
+            evals = [row["eval/return_mean"] for row in run.rows if "eval/return_mean" in row]
+            results[reproducible].append((statistics.fmean(evals[-3:]), run.rows[-1]["env_steps"]))
+            print(seed, reproducible, results[reproducible][-1], flush=True)
+    for reproducible, values in results.items():
+        scores = [v for v, _ in values]
+        lines.append(f"| {'reproducible' if reproducible else 'asynchronous'} | {', '.join(f'{v:.1f}' for v in scores)} | "
+                     f"{statistics.fmean(scores):.1f} | {min(scores):.1f}-{max(scores):.1f} | {statistics.median(s for _, s in values):,.0f} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["same", "speed", "spread"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tasks", nargs="+", default=list(SPEED), choices=list(SPEED))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    parser.add_argument("--minutes", type=float, default=10)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.what == "same":
+            lines = same(Path(tmp))
+        elif args.what == "speed":
+            lines = speed(Path(tmp), args.rounds, args.tasks)
+        else:
+            lines = spread(Path(tmp), args.seeds, args.minutes)
+    publish([f"{machine_line()}", "", *lines], args.out)
+
+
+if __name__ == "__main__":
+    main()
