@@ -11,6 +11,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = Path(sys.executable).with_name("train")
+# SAC in a test of something other than how it learns: small networks and a tenth of an update per env step
+SAC_CHEAP = ["algorithm.initial_buffer_size=200", "algorithm.batch_size=32", "policy.hidden_sizes=[16,16]", "algorithm.replay_ratio=0.1"]
 
 
 @dataclass

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tests.cli import fault_env, restart_budget, run_train, stopped_by
+from tests.cli import SAC_CHEAP, fault_env, restart_budget, run_train, stopped_by
 from tests.helpers import processes_with_env_tag
 from tests.test_cli_errors import assert_one_line_error
 
@@ -77,8 +77,7 @@ def test_without_restarts_the_run_fails_fast_with_the_error(tmp_path, runner, fa
 @pytest.mark.parametrize("runner", ["sequential", "subproc"])
 def test_workers_with_buffer_restart_a_failed_worker(tmp_path, runner):
     result = run_train(*fault_env(tmp_path, "raise_step", action_kind="box"), "algorithm=sac", f"runner={runner}",
-                       "max_env_steps=6000", "epoch_length=2", "algorithm.initial_buffer_size=200", "algorithm.batch_size=32",
-                       run_dir=tmp_path / "run", timeout=120)
+                       "max_env_steps=6000", "epoch_length=2", *SAC_CHEAP, run_dir=tmp_path / "run", timeout=120)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "fault").exists()
     assert "restarting it: restart 1 of 3" in (tmp_path / "run" / "train.log").read_text()

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from maze_cli.stats.writers import read_rows
-from tests.cli import REPO, TRAIN, run_train
+from tests.cli import REPO, SAC_CHEAP, TRAIN, run_train
 from tests.helpers import processes_with_env_tag, wait_until
 
 ROLLOUT = TRAIN.with_name("rollout")
@@ -246,7 +246,7 @@ def test_an_actor_restarted_maps_the_same_file(tmp_path, algorithm):
     run completes its budget; with SAC, workers fill the replay buffer through the same slots."""
     from tests.cli import fault_env
 
-    sac = ["algorithm=sac", "algorithm.initial_buffer_size=200", "algorithm.batch_size=32"] if algorithm == "sac" else []
+    sac = ["algorithm=sac", *SAC_CHEAP] if algorithm == "sac" else []
     result = run_train(*fault_env(tmp_path, "raise_step", **({"action_kind": "box"} if sac else {})), *sac, "runner=subproc",
                        "runner.shared_memory=file", "max_env_steps=6000", "epoch_length=2", run_dir=tmp_path / "run", timeout=120)
     assert result.returncode == 0, result.stderr
