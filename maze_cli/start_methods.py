@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import shutil
 import sys
+import tempfile
 
 # What the forkserver imports once, so each actor forks with torch and the actor loop loaded.
 _FORKSERVER_PRELOAD = ["__main__", "torch", "gymnasium", "maze_cli.parallel.subproc"]
@@ -39,8 +42,26 @@ def warm_up_start_method(start_method: str | None) -> None:
         return
     from multiprocessing import forkserver
 
+    short_socket_dir()
     mp.get_context("forkserver").set_forkserver_preload(_FORKSERVER_PRELOAD)
     forkserver.ensure_running()
+
+
+_SOCKET_PATH_MAX = 100  # a Unix socket's path holds at most 107 bytes; multiprocessing adds ~30 to its dir
+
+
+def short_socket_dir() -> None:
+    """The forkserver listens on a Unix socket in multiprocessing's temp dir, made under TMPDIR; under a long
+    TMPDIR its path passes what a socket's path may hold and the forkserver cannot start ("AF_UNIX path too
+    long"). Then multiprocessing gets a dir of its own under /tmp, removed at exit, as it would make itself."""
+    from multiprocessing import util
+
+    config = mp.current_process()._config  # where util.get_temp_dir keeps its dir (stable since Python 3.4)
+    if config.get("tempdir") is not None or len(tempfile.gettempdir()) + 30 <= _SOCKET_PATH_MAX or not os.path.isdir("/tmp"):
+        return
+    directory = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
+    util.Finalize(None, shutil.rmtree, args=[directory], exitpriority=-100)
+    config["tempdir"] = directory
 
 
 def quiet_resource_tracker() -> None:

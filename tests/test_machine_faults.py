@@ -272,3 +272,14 @@ def test_where_the_shared_memory_goes_by_runner_shared_memory(tmp_path, caplog):
     assert f"needs 1073741824.0 GiB and {tmp_path} has " in caplog.text and "docker run --shm-size=" in caplog.text
     with pytest.raises(SharedMemoryError, match=r"^runner.shared_memory=shm: .*docker run --shm-size="):
         place("shm", huge, fix, shm_dir=tmp_path)
+
+
+def test_a_long_tmpdir_does_not_keep_the_actors_from_starting(tmp_path):
+    """multiprocessing's forkserver listens on a Unix socket under TMPDIR, whose path may hold at most 107 bytes:
+    under a longer TMPDIR it could not start, and with it no run on subprocess actors."""
+    temp = tmp_path / ("t" * 100)
+    temp.mkdir()
+    result = run_train("+env=cartpole", "runner=subproc", "max_env_steps=3000", "eval.interval=0", run_dir=tmp_path / "run",
+                       env={"TMPDIR": str(temp)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert list(temp.iterdir()) == []  # nothing of multiprocessing's left behind in it
