@@ -20,6 +20,7 @@ from maze_cli.distributed import CONTINUE, EPOCH_END, STOP, LearnerGroup
 from maze_cli.envs.info_stats import epoch_means, event_name
 from maze_cli.errors import ConfigError
 from maze_cli.evaluation import BackgroundEvaluation, Snapshot
+from maze_cli.interrupts import interrupts_deferred
 from maze_cli.stats.aggregator import EpochStatsAggregator
 from maze_cli.stats.writers import StatsWriter
 
@@ -272,8 +273,10 @@ class Trainer:
         return reason or (f"callback {stop}" if stop else None)
 
     def _write(self, stats: dict[str, Any]) -> None:
-        for writer in self.writers:
-            writer.write(stats)
+        """The row to every writer; an interrupt meanwhile waits until all have it."""
+        with interrupts_deferred():
+            for writer in self.writers:
+                writer.write(stats)
 
     def _evaluate_before_training(self) -> None:
         """Epoch 0: the evaluation of the policy as it starts, written like an epoch's (and eligible

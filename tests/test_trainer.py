@@ -2,12 +2,21 @@
 
 import json
 import math
+import signal
 import time
 
 import pytest
 
 from maze_cli.stats.aggregator import EpochStatsAggregator
 from maze_cli.training import Budget, Trainer
+
+class TerminatedForTest(KeyboardInterrupt):
+    """What train's SIGTERM handler raises, stood in for here."""
+
+
+def _raise_terminated_for_test(signum, frame):
+    raise TerminatedForTest()
+
 
 SAFETY_STEPS = 1000  # 100 updates: a run that misses its stop condition fails fast instead of hanging
 
@@ -74,6 +83,35 @@ def make(loop=None, writer=None, **budget):
     kwargs = {k: budget.pop(k) for k in ("evaluate", "eval_interval", "eval_interval_env_steps", "eval_interval_s", "on_epoch_end") if k in budget}
     budget.setdefault("max_env_steps", SAFETY_STEPS)
     return Trainer(loop, Budget(**budget), [writer], progress=False, **kwargs), loop, writer
+
+
+class InterruptedWriter(FakeWriter):
+    """A writer during whose first write the process receives `signum` (a user's Ctrl-C or kill)."""
+
+    def __init__(self, signum):
+        super().__init__()
+        self.signum = signum
+
+    def write(self, stats):
+        if not self.rows:
+            signal.raise_signal(self.signum)
+        super().write(stats)
+
+
+@pytest.mark.parametrize("signum, raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, TerminatedForTest)])
+def test_an_interrupt_while_a_row_is_written_waits_until_every_writer_has_it(signum, raised):
+    """stats.jsonl and TensorBoard are written one after the other: a signal between them must not
+    leave an epoch in one file and not the other."""
+    first, second = InterruptedWriter(signum), FakeWriter()
+    trainer = Trainer(FakeLoop(), Budget(max_env_steps=SAFETY_STEPS, epoch_length=2), [first, second], progress=False)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated_for_test)
+    try:
+        with pytest.raises(raised):
+            trainer.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert [row["epoch"] for row in first.rows] == [row["epoch"] for row in second.rows] == [1]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 # ------------------------------------------------------------------------------------ budget and epochs
