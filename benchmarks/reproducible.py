@@ -7,7 +7,8 @@
 1. `same`: the same command three times per runner (and the runners against each other): CartPole with
    IMPALA on subproc and Ray, SAC on Pendulum, IMPALA on MinAtar Breakout for 1M env steps. Two runs are the
    same when every row of stats.jsonl matches apart from timings and every tensor of last.pt's learner state
-   is equal.
+   is equal (`maze_cli.stats.same_run`). Each subproc and Ray run is also repeated stopped half way, at an
+   epoch's end, and resumed: it should be the run that never stopped.
 2. `speed`: the steady env steps/s (median over the epochs after the first two) of the same config in both
    modes, runs alternating, `--rounds` of each: CartPole, MinAtar Breakout, Atari Pong.
 3. `spread`: MinAtar Breakout for `--minutes` per seed in both modes, alternating by seed: the mean of the
@@ -21,16 +22,15 @@ import statistics
 import tempfile
 from pathlib import Path
 
-import torch
-
+import yaml
 from machine import machine_line
 from runs import TrainRun, publish, run_train
 
-TIMING = ("time_s", "sps", "queue_size", "actor_idle_frac")
+from maze_cli.stats import same_run
 
 SAME = {  # name: overrides, each run three times per runner
     "cartpole": ["+env=cartpole", "seed=3"],
-    "sac-pendulum": ["+env=pendulum", "algorithm=sac", "seed=3", "max_env_steps=20000"],
+    "sac-pendulum": ["+env=pendulum", "algorithm=sac", "seed=3", "max_env_steps=20000", "checkpoint.replay_buffer=true"],
     "minatar-1M": ["+env=minatar", "seed=3", "max_env_steps=1000000", "target_return=null"],
 }
 SPEED = {
@@ -40,41 +40,26 @@ SPEED = {
 }
 
 
-def without_timings(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k not in TIMING and not k.startswith("time/") and not k.endswith("_s")} for row in rows]
-
-
-def learner_state(run_dir: Path) -> torch.Tensor:
-    """Every tensor and number of last.pt's learner state, flattened in a fixed order."""
-    def flat(tree):
-        if isinstance(tree, torch.Tensor):
-            yield tree.double().flatten()
-        elif isinstance(tree, (int, float)):
-            yield torch.tensor([float(tree)], dtype=torch.float64)
-        elif isinstance(tree, dict):
-            for key in sorted(tree, key=str):
-                yield from flat(tree[key])
-        elif isinstance(tree, (list, tuple)):
-            for item in tree:
-                yield from flat(item)
-
-    return torch.cat(list(flat(torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["learner"])))
-
-
 def first_difference(a: TrainRun, b: TrainRun) -> str:
-    """'same', or where two runs part: the first row and key that differ, or the weights."""
-    ra, rb = without_timings(a.rows), without_timings(b.rows)
-    for i, (x, y) in enumerate(zip(ra, rb)):
-        keys = sorted(k for k in set(x) | set(y) if x.get(k) != y.get(k))
-        if keys:
-            return f"row {i + 1}: {', '.join(keys[:3])}"
-    if len(ra) != len(rb):
-        return f"{len(ra)} rows against {len(rb)}"
-    return "same" if torch.equal(learner_state(a.run_dir), learner_state(b.run_dir)) else "weights differ"
+    return same_run.first_difference(a.run_dir, b.run_dir)
+
+
+def resumed_difference(straight: TrainRun, overrides: list[str], run_dir: Path) -> str:
+    """The straight run again, stopped about half way at the end of an epoch that evaluated (every
+    stop evaluates) and resumed to its end: where it parts from the straight run."""
+    rows = [row for row in straight.rows[:-1] if "eval/return_mean" in row] or straight.rows[:-1]
+    if not rows:
+        return "-"
+    stop = rows[len(rows) // 2]
+    budget = yaml.safe_load((straight.run_dir / "config.yaml").read_text())["max_env_steps"]
+    run_train([*overrides, f"max_env_steps={stop['env_steps']}"], run_dir, timeout_s=3600)
+    resumed = run_train([f"resume={run_dir}", f"max_env_steps={budget}"], run_dir, timeout_s=3600)
+    return f"epoch {stop['epoch']}: {first_difference(straight, resumed)}"
 
 
 def same(workdir: Path) -> list[str]:
-    lines = ["| task | runner | runs | rows | env steps | against the first run | against subproc's first |", "|---|---|---:|---:|---:|---|---|"]
+    lines = ["| task | runner | runs | rows | env steps | against the first run | against subproc's first | stopped and resumed |",
+             "|---|---|---:|---:|---:|---|---|---|"]
     for name, overrides in SAME.items():
         runners = ["subproc", "ray", "sequential"] if name == "cartpole" else ["subproc", "sequential"]
         reference = None
@@ -85,8 +70,10 @@ def same(workdir: Path) -> list[str]:
                                       timeout_s=3600))
             reference = reference or runs[0]
             within = ", ".join(first_difference(runs[0], r) for r in runs[1:]) or "-"
+            resumed = "-" if runner == "sequential" else resumed_difference(
+                runs[0], [*overrides, f"runner={runner}", "runner.reproducible=true"], workdir / f"{name}-{runner}-resumed")
             lines.append(f"| {name} | {runner} | {len(runs)} | {len(runs[0].rows)} | {runs[0].rows[-1]['env_steps']:,} | {within} | "
-                         f"{first_difference(reference, runs[0]) if runs[0] is not reference else '-'} |")
+                         f"{first_difference(reference, runs[0]) if runs[0] is not reference else '-'} | {resumed} |")
             print(lines[-1], flush=True)
     return lines
 

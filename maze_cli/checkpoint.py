@@ -1,8 +1,8 @@
 """Checkpoints: plain data, written atomically, read without running code from the file.
 
 `last.pt` every `interval` epochs, at the end and on interruption; `best.pt` whenever the eval
-return improves. Each holds the learner (policy, optimizers, counters), the trainer's counters,
-the RNG states, the resolved config, the policy's blueprint and, if asked, the replay buffer.
+return improves. Each holds the learner (policy, optimizers, counters), the trainer's and the loop's
+counters, the RNG states, the resolved config, the policy's blueprint and, if asked, the replay buffer.
 
 Checkpoints are what users share, so a checkpoint holds only tensors, numbers, strings, lists and
 dicts, and is read with `torch.load(weights_only=True)`: reading one cannot run code. The policy it
@@ -17,9 +17,10 @@ import os
 import pickle
 import random
 import re
+import uuid
 import zipfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -46,11 +47,16 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     checkpoint. (torch gets the path, not an open file: a writer left alive as above would write
     into a closed file when collected, and that aborts the process.)
     """
+    _write_atomically(path, lambda tmp: torch.save({"format": FORMAT, "version": VERSION, **payload}, tmp))
+
+
+def _write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """`write` a temp file of its own beside `path`, then rename it to `path` (see save_checkpoint)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{next(_saves)}")
     try:
         with writing(path):
             path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"format": FORMAT, "version": VERSION, **payload}, tmp)
+            write(tmp)
             os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -159,16 +165,62 @@ def policy_from_payload(payload: dict[str, Any], trusted: Iterable[str] = (), tr
     return policy
 
 
-class Checkpointer:
-    """Writes and restores the checkpoints of one run."""
+ACTORS_FILE = "actors.pkl"
 
-    def __init__(self, directory: Path, run, trainer, config: dict, interval: int, with_replay_buffer: bool):
+
+class Checkpointer:
+    """Writes and restores the checkpoints of one run.
+
+    With `actors_state` (a reproducible run of one learner), `last.pt` written at an epoch's end is
+    paired with `actors.pkl` beside it: the actors' state (`DistributedActors.checkpoint_state`, their
+    envs pickled), which `train resume=` reads so that the resumed run is the one that never stopped.
+    That file is not a checkpoint to share: only resume reads it, from a run dir whose config.yaml
+    already names the code that the run imports and builds."""
+
+    def __init__(self, directory: Path, run, trainer, config: dict, interval: int, with_replay_buffer: bool,
+                 actors_state: bool = False):
         self.directory = directory
         self.run = run
         self.trainer = trainer
         self.config = config
         self.interval = interval
         self.with_replay_buffer = with_replay_buffer
+        self.actors_state = actors_state
+        self._actors_saved: tuple[str, int] | None = None  # (token, env steps) of the last actors.pkl written
+
+    def save_actors(self) -> None:
+        """Write actors.pkl for the last.pt about to be written at this step (once per step)."""
+        steps = self.trainer.env_steps
+        if not self.actors_state or (self._actors_saved is not None and self._actors_saved[1] == steps):
+            return
+        state = self.run.runner.checkpoint_state()
+        if state is None:
+            self._actors_saved = None
+            return
+        token = uuid.uuid4().hex
+        data = pickle.dumps({"token": token, **state}, protocol=pickle.HIGHEST_PROTOCOL)
+        _write_atomically(self.directory / ACTORS_FILE, lambda tmp: tmp.write_bytes(data))
+        self._actors_saved = (token, steps)
+
+    def restore_actors(self, saved: dict[str, Any]) -> str | None:
+        """Before the actors start: have them go on from the state `saved` (last.pt) was written with.
+        Returns why they cannot (None when they will): no state saved (an interrupted run, an actor
+        restarted, envs that cannot be pickled), actors.pkl another checkpoint's, or a replay buffer
+        that was not saved."""
+        if self._replay_buffer() is not None and "replay_buffer" not in saved:
+            return "its replay buffer was not saved: checkpoint.replay_buffer=true saves it"
+        token, path = saved.get("actors_token"), self.directory / ACTORS_FILE
+        no_state = "the checkpoint holds no state of the actors: written on an interrupt, after an actor restarted, or with envs that cannot be pickled"
+        if token is None or not path.is_file():
+            return no_state
+        try:
+            state = pickle.loads(path.read_bytes())
+        except Exception as err:
+            return f"{ACTORS_FILE} cannot be read: {first_line(err)}"
+        if not isinstance(state, dict) or state.get("token") != token:
+            return f"{ACTORS_FILE} belongs to another checkpoint"
+        self.run.runner.restore_checkpoint_state(state)
+        return None
 
     def _replay_buffer(self):
         return getattr(self.run.runner, "replay_buffer", None)
@@ -177,6 +229,7 @@ class Checkpointer:
         payload = {
             "learner": self.run.learner.state_dict(),
             "trainer": self.trainer.state_dict(),
+            "loop": self.run.loop.state_dict(),
             "policy_blueprint": self.run.blueprint,
             "rng": rng_states(),
             "config": self.config,
@@ -189,7 +242,12 @@ class Checkpointer:
         return payload
 
     def save_last(self, reason: str) -> None:
-        save_checkpoint(self.directory / "last.pt", self.payload(reason))
+        payload = self.payload(reason)
+        # Interrupted, the actors may be gone or mid-rollout: their state saved at this step (if any) is
+        # not trusted to be the one the learner left.
+        if self._actors_saved is not None and self._actors_saved[1] == self.trainer.env_steps and reason != "interrupted":
+            payload["actors_token"] = self._actors_saved[0]
+        save_checkpoint(self.directory / "last.pt", payload)
 
     def on_epoch_end(self, stats: dict[str, Any]) -> None:
         # a snapshot's evaluation (eval.background) judged older weights: save_best_snapshot wrote those
@@ -197,6 +255,7 @@ class Checkpointer:
         if evaluated_now and stats["eval/return_mean"] == stats["eval/best_return_mean"]:
             save_checkpoint(self.directory / "best.pt", self.payload("best"))
         if self.trainer.epoch % self.interval == 0:
+            self.save_actors()
             self.save_last("running")
 
     def save_best_snapshot(self, snapshot) -> None:
@@ -211,6 +270,8 @@ class Checkpointer:
         RNG states and, if saved, the replay buffer."""
         self.run.learner.load_state_dict(state["learner"])
         self.trainer.load_state_dict(state["trainer"])
+        if "loop" in state:  # (written since the loops keep state of their own)
+            self.run.loop.load_state_dict(state["loop"])
         set_rng_states(state["rng"])
         buffer = self._replay_buffer()
         if buffer is not None and "replay_buffer" in state:

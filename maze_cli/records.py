@@ -120,11 +120,21 @@ class Rollout:
     @property
     def nbytes(self) -> int:
         """Bytes held by all of this record's tensors (observations in their own dtype)."""
+        return sum(t.element_size() * t.nelement() for t in self.tensors())
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the record, in the order of its fields (a dict's in the order of its keys)."""
         tensors: list[torch.Tensor] = []
         for f in fields(self):
             value = getattr(self, f.name)
             tensors += list(value.values()) if isinstance(value, dict) else list(value) if isinstance(value, tuple) else [value]
-        return sum(t.element_size() * t.nelement() for t in tensors if t is not None)
+        return [t for t in tensors if t is not None]
+
+    def copy_(self, other: "Rollout") -> "Rollout":
+        """Copy `other` (a record of the same spec) into this one's tensors, in place."""
+        for mine, theirs in zip(self.tensors(), other.tensors(), strict=True):
+            mine.copy_(theirs)
+        return self
 
     @property
     def n_steps(self) -> int:

@@ -47,6 +47,11 @@ class TrainingLoop(Protocol):
     def updates(self) -> int:
         """Gradient updates so far."""
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the loop itself must carry across a resume (plain numbers), beside the learner's state."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
 
 @dataclass(frozen=True)
 class Budget:

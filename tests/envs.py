@@ -349,3 +349,13 @@ def _signal_team_class():
             return observations, rewards, terminated, truncated, infos
 
     return SignalTeamEnv
+
+
+class UnpicklableEnv(CountingEnv):
+    """A CountingEnv holding a lock, as envs holding a simulator's handle do: pickle refuses it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        import threading
+
+        self.lock = threading.Lock()

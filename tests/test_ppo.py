@@ -19,7 +19,8 @@ from maze_cli.parallel import SequentialDistributedActors, SubprocDistributedAct
 from tests.cli import REPO, run_train
 from tests.envs import CountingEnv
 from tests.test_actors import make_actors
-from tests.test_train import read_stats, without_timings
+from maze_cli.stats.same_run import without_timings
+from tests.test_train import read_stats
 
 
 # -- GAE ------------------------------------------------------------------------------------------

@@ -34,6 +34,10 @@ def cluster():
     c.shutdown()
 
 
+# How long a stopped run's Ray actor processes may take to exit (Ray reaps them; slower under load).
+ACTORS_GONE_S = 30
+
+
 def ray_actor_processes() -> list[str]:
     """Live processes that are (or were made into) maze_cli's Ray actors."""
     found = []
@@ -58,7 +62,7 @@ def test_actors_land_on_both_nodes_and_are_gone_after_stop(cluster):
         assert batch.actions.shape == (16, 4)
         actors.broadcast_updated_policy(actors.policy.state_dict())
     assert not ray.is_initialized()  # the driver left; the cluster itself stays up
-    assert wait_until(lambda: not ray_actor_processes(), timeout=15)
+    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
 
 
 def test_a_killed_ray_actor_is_replaced_with_derived_seeds_and_collection_goes_on(cluster):
@@ -124,9 +128,12 @@ def test_ray_with_restarts_the_run_completes_its_budget(cluster, tmp_path, fault
     assert "actor 0 failed" in log or "actor 1 failed" in log
     assert "restarting it: restart 1 of 3" in log
     assert stopped_by(budget) in log  # the budget ran out: the restart kept the run going
+    # Every restart is counted once in the rows. (On a loaded machine a restarted Ray actor can take longer
+    # to come up than rollout_timeout_s and be restarted again, so the count is the log's, not 1.)
     stats = read_stats(tmp_path / "run")
-    assert sum(row.get("actor_restarts", 0) for row in stats) == 1
-    assert wait_until(lambda: not ray_actor_processes(), timeout=15)
+    restarts = [line for line in log.splitlines() if "restarting it: restart" in line]
+    assert sum(row.get("actor_restarts", 0) for row in stats) == len(restarts), restarts
+    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
 
 
 @pytest.mark.parametrize("fault", RAY_FAULTS)
@@ -140,7 +147,7 @@ def test_ray_without_restarts_the_run_fails_fast_with_the_error(cluster, tmp_pat
                 "sigkill": "ray actor died", "hang": "silent: no rollout"}[fault]
     assert "train: error: actor" in result.stderr and expected in result.stderr
     assert "runner.max_restarts=0" in result.stderr
-    assert wait_until(lambda: not ray_actor_processes(), timeout=15)
+    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
 
 
 def test_actors_the_cluster_cannot_place_end_the_run_saying_what_they_need(cluster, tmp_path):
@@ -151,7 +158,7 @@ def test_actors_the_cluster_cannot_place_end_the_run_saying_what_they_need(clust
     assert time.monotonic() - start < 45
     assert "could not place actors 0, 1 of 2" in result.stderr and "gpu_node 1" in result.stderr
     assert "CPU 4" in result.stderr  # what the cluster has
-    assert wait_until(lambda: not ray_actor_processes(), timeout=15)
+    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
 
 
 def test_impala_runs_end_to_end_on_the_cluster_and_survives_a_killed_actor(cluster, tmp_path):
@@ -167,7 +174,7 @@ def test_impala_runs_end_to_end_on_the_cluster_and_survives_a_killed_actor(clust
     log = (tmp_path / "run" / "train.log").read_text()
     assert "ray actor 0 on node 127.0.0.1" in log and "restart 1 of 3" in log
     assert read_stats(tmp_path / "run")[-1]["env_steps"] >= 100000
-    assert wait_until(lambda: not ray_actor_processes(), timeout=15)
+    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
 
 
 def test_sac_runs_end_to_end_on_the_cluster(cluster, tmp_path):
@@ -176,7 +183,7 @@ def test_sac_runs_end_to_end_on_the_cluster(cluster, tmp_path):
                        run_dir=tmp_path / "run", timeout=180)
     assert result.returncode == 0, result.stderr
     assert read_stats(tmp_path / "run")[-1]["learner/updates"] > 0
-    assert wait_until(lambda: not ray_actor_processes(), timeout=15)
+    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
 
 
 def test_a_ray_started_by_maze_cli_fits_every_actor_and_is_shut_down(tmp_path):

@@ -11,12 +11,15 @@ from functools import partial
 import pytest
 import torch
 
+from maze_cli.envs import EnvFactory
 from maze_cli.parallel import SequentialDistributedActors, SubprocDistributedActors
+from maze_cli.parallel.actor_loop import Actor
 from maze_cli.seeding import derive_seeds
 from tests.cli import run_train
-from tests.envs import CountingEnv, SlowEnv
-from tests.test_actors import force_action, make_actors
-from tests.test_train import read_stats, without_timings
+from tests.envs import CountingEnv, SlowEnv, UnpicklableEnv
+from tests.test_actors import force_action, make_actors, make_policy
+from maze_cli.stats.same_run import learner_state, without_timings
+from tests.test_train import read_stats
 
 ENV_SEEDS = [11, 22, 33]
 
@@ -70,21 +73,7 @@ CARTPOLE = ["+env=cartpole", "runner.reproducible=true", "seed=3", "epoch_length
 def same_run(a, b) -> None:
     """The same rows (timings aside) and the same learner state in last.pt: weights, optimizer moments, counters."""
     assert without_timings(read_stats(a)) == without_timings(read_stats(b))
-    saved = [torch.load(run / "checkpoints" / "last.pt", weights_only=False)["learner"] for run in (a, b)]
-    assert torch.equal(*[torch.cat(list(_tensors(state))) for state in saved])
-
-
-def _tensors(tree):
-    if isinstance(tree, torch.Tensor):
-        yield tree.double().flatten()
-    elif isinstance(tree, (int, float)):
-        yield torch.tensor([float(tree)], dtype=torch.float64)
-    elif isinstance(tree, dict):
-        for key in sorted(tree, key=str):
-            yield from _tensors(tree[key])
-    elif isinstance(tree, (list, tuple)):
-        for item in tree:
-            yield from _tensors(item)
+    assert torch.equal(learner_state(a), learner_state(b))
 
 
 def test_two_subprocess_runs_of_one_seed_are_one_run(tmp_path):
@@ -131,3 +120,78 @@ def test_background_evaluation_is_refused_in_reproducible_mode(tmp_path):
     result = run_train("+env=cartpole", "runner.reproducible=true", "eval.background=true", run_dir=tmp_path / "run")
     assert result.returncode == 2
     assert "eval.background=true with runner.reproducible=true" in result.stderr and "eval.background=false" in result.stderr
+
+
+# -- resume ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Hopper-v5"])
+def test_a_restored_actor_collects_what_the_saved_one_collects_next(env_id):
+    """Its envs come back in the middle of their episodes (Hopper: a MuJoCo env, which gymnasium would
+    pickle as the arguments to build a new one), with the actor's random state and recurrent state."""
+    factory = EnvFactory({"id": env_id})
+    spec = make_actors(SequentialDistributedActors, factory, n_steps=7, n_actors=1, batch_size=1).rollout_spec
+    policy = make_policy(factory())
+    saved = Actor(0, factory, policy, spec.n_envs, spec.n_steps, env_seed=5, agent_seed=6)
+    first = spec.allocate()
+    saved.collect(first)
+    restored = Actor(0, factory, policy, spec.n_envs, spec.n_steps, env_seed=99, agent_seed=98)
+    restored.restore(saved.snapshot())
+    restored.load_policy(policy.state_dict(), saved.policy_version)  # (weights come from the learner)
+    a, b = spec.allocate(), spec.allocate()
+    info_a, info_b = saved.collect(a), restored.collect(b)
+    assert all(torch.equal(x, y) for x, y in zip(a.tensors(), b.tensors()))
+    assert (info_a.episode_returns, info_a.episode_lengths) == (info_b.episode_returns, info_b.episode_lengths)
+    assert not torch.equal(first.observations["obs"], a.observations["obs"])  # (a rollout later, not the same one)
+
+
+def test_an_env_that_cannot_be_pickled_is_refused_not_rebuilt():
+    actor = Actor(0, partial(UnpicklableEnv), make_policy(UnpicklableEnv()), 2, 4, env_seed=1, agent_seed=2)
+    with pytest.raises(TypeError, match="lock"):
+        actor.snapshot()
+
+
+RESUMED = [*CARTPOLE, "epoch_length=2", "eval.interval=0", "checkpoint.interval=2"]
+
+
+@pytest.mark.parametrize("runner", ["sequential", "subproc", pytest.param("ray", marks=pytest.mark.slow)])
+def test_a_resumed_run_is_the_run_that_never_stopped(tmp_path, runner):
+    """Stopped at an epoch's end and resumed, a reproducible run gives the rows and weights of the run
+    that went straight through. On sequential, the same resume without the actors' saved state (deleted)
+    is shown to differ, so that the comparison can fail."""
+    env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    runs = [tmp_path / "straight", tmp_path / "stopped"] + ([tmp_path / "cold"] if runner == "sequential" else [])
+    for run, steps in zip(runs, (10240, 6144, 6144)):
+        assert run_train(*RESUMED, f"runner={runner}", f"max_env_steps={steps}", run_dir=run, env=env).returncode == 0
+    resumed = run_train(f"resume={runs[1]}", "max_env_steps=10240", env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "the actors go on from their saved state" in resumed.stdout + resumed.stderr
+    same_run(runs[0], runs[1])
+    if runner == "sequential":
+        (runs[2] / "checkpoints" / "actors.pkl").unlink()
+        cold = run_train(f"resume={runs[2]}", "max_env_steps=10240")
+        assert "the actors' envs start anew (the checkpoint holds no state of the actors" in cold.stdout + cold.stderr
+        assert without_timings(read_stats(runs[2])) != without_timings(read_stats(runs[0]))
+
+
+def test_sac_resumes_as_the_run_that_never_stopped_with_its_buffer_and_replay_ratio(tmp_path):
+    sac = ["+env=pendulum", "algorithm=sac", "runner.reproducible=true", "seed=5", "epoch_length=8",
+           "algorithm.initial_buffer_size=400", "algorithm.batch_size=64", "algorithm.replay_ratio=0.7",
+           "policy.hidden_sizes=[32,32]", "eval.interval=0", "checkpoint.replay_buffer=true", "runner=subproc"]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert run_train(*sac, "max_env_steps=1664", run_dir=straight).returncode == 0
+    assert run_train(*sac, "max_env_steps=1152", run_dir=stopped).returncode == 0
+    assert run_train(f"resume={stopped}", "max_env_steps=1664").returncode == 0
+    same_run(straight, stopped)
+
+
+def test_an_env_that_cannot_be_pickled_says_so_once_and_the_run_goes_on(tmp_path):
+    run_dir, config_dir = tmp_path / "run", tmp_path / "configs"
+    (config_dir / "env").mkdir(parents=True)
+    (config_dir / "env" / "locked.yaml").write_text("_target_: tests.envs.UnpicklableEnv\nlength: 20\n")
+    env = ["--config-dir", str(config_dir), "+env=locked"]
+    result = run_train(*env, "runner=subproc", "runner.reproducible=true", "checkpoint.interval=1", "max_env_steps=8000",
+                       "eval.interval=0", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    assert output.count("the actors' envs cannot be saved") == 1 and "lock" in output
+    resumed = run_train(f"resume={run_dir}", "max_env_steps=12000")
+    assert resumed.returncode == 0 and "from here on the run is not the one that never stopped" in resumed.stdout + resumed.stderr

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from maze_cli.stats.same_run import without_timings
 from tests.cli import run_train
 from tests.helpers import processes_with_env_tag
 
@@ -18,12 +19,6 @@ REQUIRED_STATS = [
 
 def read_stats(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "stats.jsonl").read_text().splitlines()]
-
-
-def without_timings(stats: list[dict]) -> list[dict]:
-    """Rows without what depends on timing: times, speeds, and how full the queue or how idle the actors were."""
-    timing = ("time_s", "sps", "queue_size", "actor_idle_frac")
-    return [{k: v for k, v in row.items() if k not in timing and not k.startswith("time/") and not k.endswith("_s")} for row in stats]
 
 
 @pytest.mark.slow

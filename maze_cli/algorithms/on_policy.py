@@ -100,6 +100,12 @@ class OnPolicyLoop:
     def updates(self) -> int:
         return self.learner.updates
 
+    def state_dict(self) -> dict:
+        return {}  # everything it carries is the learner's
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
     def iteration(self) -> int:
         t0 = time.perf_counter()
         batch, queue_before, _, dequeue_s = self.actors.collect_outputs(self.learner.device)

@@ -322,6 +322,13 @@ class SacLoop:
     def updates(self) -> int:
         return self.learner.updates
 
+    def state_dict(self) -> dict:
+        """The replay ratio's bookkeeping: updates owed (a fraction of one) and transitions learned from."""
+        return {"credit": self.credit, "learning_steps": self.learning_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.credit, self.learning_steps = float(state["credit"]), int(state["learning_steps"])
+
     def _collected(self, steps: int) -> float:
         """The transitions this iteration's updates are owed for: this learner's, or with several
         learners their mean, so that all of them make the same number of updates (each one a

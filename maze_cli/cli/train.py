@@ -180,14 +180,15 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
     videos = _eval_videos(settings, run_dir, tensorboard, deterministic)
     trainer = _trainer(settings, run, env_factory, deterministic, files, videos, warm_started, group)
     trainer.callbacks = callbacks
-    checkpointer = Checkpointer(run_dir / "checkpoints", run, trainer, config, t.checkpoint.interval, t.checkpoint.replay_buffer)
+    reproducible = bool(settings.runner.get("reproducible"))
+    checkpointer = Checkpointer(run_dir / "checkpoints", run, trainer, config, t.checkpoint.interval, t.checkpoint.replay_buffer,
+                                actors_state=reproducible and group is None)
     trainer.on_epoch_end = checkpointer.on_epoch_end
     trainer.on_best_snapshot = checkpointer.save_best_snapshot
     if t.resume:
         _restore(checkpointer, resumed_from, trainer, jsonl, tensorboard, run_dir)
-        if settings.runner.get("reproducible"):
-            log.warning("runner.reproducible: the actors' envs start anew on resume (a checkpoint holds no env state), so "
-                        "from here on the run is not the one that never stopped")
+        if reproducible:
+            _restore_actors(checkpointer, resumed_from, group)
     if group is not None:  # every learner starts from learner 0's state: weights, optimizer, statistics
         group.broadcast_object(run.learner.state_dict())
     log.info(f"run dir: {run_dir}")
@@ -305,6 +306,17 @@ def _restore(checkpointer, saved: dict, trainer, jsonl, tensorboard, run_dir: Pa
              + (f" (its last checkpoint; the {dropped} epoch rows written after it are trained again)" if dropped else ""))
 
 
+def _restore_actors(checkpointer, saved: dict, group) -> None:
+    """A reproducible run's resume: the actors go on from the state saved with last.pt, so that the run
+    is the one that never stopped; where they cannot, one line says from where it no longer is."""
+    why = "several learners' actors are not saved" if group is not None else checkpointer.restore_actors(saved)
+    if why is None:
+        log.info("runner.reproducible: the actors go on from their saved state; the run goes on as the one that never stopped")
+    else:
+        log.warning(f"runner.reproducible: the actors' envs start anew ({why}), so from here on the run is not the one that "
+                    f"never stopped")
+
+
 def _run_to_the_end(run, trainer, checkpointer, files: list, trackers: list, run_dir: Path, broadcast_first: bool,
                     callbacks=None, config: dict | None = None):
     """Train with the actors running (`broadcast_first`: publish the learner's weights before the
@@ -326,6 +338,7 @@ def _run_to_the_end(run, trainer, checkpointer, files: list, trackers: list, run
             if broadcast_first:
                 run.runner.broadcast_updated_policy(run.learner.policy.state_dict())
             result = trainer.run()
+            checkpointer.save_actors()  # while they run: for the last.pt written below
             curve = start_learning_curve(run_dir)  # every row is written: drawn while the actors stop
     except NonFiniteLoss as err:
         last = run_dir / "checkpoints" / "last.pt"

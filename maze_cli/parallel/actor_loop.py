@@ -8,12 +8,15 @@ shared memory (subprocess backend). Backends differ only in how records and weig
 from __future__ import annotations
 
 import copy
+import io
+import pickle
 import time
 from typing import Callable
 
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.utils import EzPickle
 from torch import nn
 
 from maze_cli.envs.batch import make_env_batch
@@ -71,6 +74,28 @@ class Actor:
         self._resets_next_step = bool(getattr(self.envs, "next_step_autoreset", False))
         self.episode_return = np.zeros(n_envs, dtype=np.float64)
         self.episode_length = np.zeros(n_envs, dtype=np.int64)
+
+    # What a reproducible run's resume needs to go on where the actor was: everything but the weights,
+    # which the learner holds (each rollout names the version it is collected with).
+    _STATE = ("envs", "episode_info", "_rng_state", "current_obs", "episode_start", "state", "episode_return", "episode_length")
+
+    def snapshot(self) -> bytes:
+        """The actor between two rollouts, pickled: its envs as they are, its random state, the
+        observation it acts on next, its recurrent state and the episodes it is in the middle of.
+        Raises whatever pickle raises for an env that cannot be pickled."""
+        out = io.BytesIO()
+        _StatePickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump({name: getattr(self, name) for name in self._STATE})
+        return out.getvalue()
+
+    def restore(self, snapshot: bytes) -> None:
+        """Go on from `snapshot` (one of this actor's, from a run of the same config): the envs it
+        built are closed and replaced by the saved ones. Its policy version is left unknown, so the
+        next rollout loads the weights it is asked to collect with."""
+        saved = pickle.loads(snapshot)
+        self.envs.close()
+        for name in self._STATE:
+            setattr(self, name, saved[name])
+        self.policy_version = -1
 
     def load_policy(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Adopt a new policy version (copying the weights into the local module)."""
@@ -173,3 +198,21 @@ class Actor:
 
     def close(self) -> None:
         self.envs.close()
+
+
+class _StatePickler(pickle.Pickler):
+    """Pickles an env with its state. gymnasium's EzPickle (MuJoCo, Box2D, Atari envs) pickles the
+    arguments to build a fresh env, which would lose the episode under way: such an object is pickled
+    with its attributes instead, and one that holds something unpicklable (a Box2D world, an ALE
+    emulator) fails here rather than come back as a new env."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, EzPickle) and type(obj).__getstate__ is EzPickle.__getstate__:
+            return _with_attributes, (type(obj), obj.__dict__)
+        return NotImplemented
+
+
+def _with_attributes(cls: type, attributes: dict) -> object:
+    obj = cls.__new__(cls)
+    obj.__dict__.update(attributes)
+    return obj

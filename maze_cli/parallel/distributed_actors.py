@@ -14,7 +14,7 @@ import copy
 import inspect
 import logging
 import time
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import gymnasium as gym
 import torch
@@ -22,8 +22,8 @@ from torch import nn
 
 from maze_cli.envs.info_stats import raise_error
 from maze_cli.envs.spaces import action_spec, observation_specs
-from maze_cli.errors import MazeCliError
-from maze_cli.parallel.schedule import RolloutSchedule
+from maze_cli.errors import MazeCliError, first_line
+from maze_cli.parallel.schedule import Job, RolloutSchedule
 from maze_cli.records import Rollout, RolloutInfo, RolloutSpec, TensorSpec
 from maze_cli.stats.aggregator import EpochStatsAggregator, LogStatsLevel
 
@@ -113,6 +113,8 @@ class DistributedActors(abc.ABC):
             raise ValueError(f"reproducible mode collects every rollout {self.schedule.lag} policy version behind the learner, "
                              f"and max_policy_lag={self.max_policy_lag} would drop them all: set it to 1 or more")
         self._diverged = False  # reproducible mode: a restarted actor made the run depend on more than its seeds
+        self._cannot_save: str | None = None  # reproducible mode: why the actors' state cannot go into a checkpoint
+        self._resume: dict | None = None  # reproducible mode: the state a resumed run's actors start from
         self.max_restarts = max_restarts
         self.rollout_timeout_s = rollout_timeout_s
         self.restarts = 0
@@ -207,6 +209,57 @@ class DistributedActors(abc.ABC):
             records.append(record)
         self.schedule.taken()
         return records
+
+    # -- a reproducible run's resume -----------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any] | None:
+        """Reproducible mode, between two updates: what a resumed run needs to go on as this one does.
+        The batch the learner takes next (requested before this update) is waited for, so that no
+        request is open; then the schedule's place, that batch's rollouts and every actor's snapshot
+        (`Actor.snapshot`: its envs pickled). None where the run cannot be resumed as the same run:
+        not reproducible, an actor restarted, or envs that cannot be pickled (said once, in one line)."""
+        if self.schedule is None or self._diverged or self._cannot_save:
+            return None
+        if self.schedule.requested > self.schedule.next_batch:  # (on-policy, nothing is requested between updates)
+            self._wait_for_next_batch()
+        try:
+            snapshots = self._actor_snapshots()
+        except ActorFailure:
+            raise
+        except Exception as err:  # an env pickle refuses: a lock, a handle to a simulator, ...
+            self._cannot_save = first_line(err) or type(err).__name__
+            log.warning(f"runner.reproducible: the actors' envs cannot be saved ({self._cannot_save}), so a resumed run "
+                        f"will not be the one that never stopped")
+            return None
+        return {"policy_version": self.policy_version, "requested": self.schedule.requested, "consumed": self.schedule.consumed,
+                "arrived": self._arrived_rollouts(), "actors": snapshots}
+
+    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Before `start`: the actors will start from `state` (a `checkpoint_state` of this config)."""
+        if self.schedule is None or len(state["actors"]) != self.n_actors:
+            raise ValueError("a reproducible run's actor state fits only the same runner config")
+        self.schedule.requested, self.schedule.consumed = state["requested"], state["consumed"]
+        # The resumed learner publishes its weights before the first collect; that broadcast must be
+        # the version the saved run held, which its next requests name.
+        self.policy_version = state["policy_version"] - 1
+        self._resume = state
+
+    def _resume_snapshot(self, index: int) -> bytes | None:
+        """Actor `index`'s saved state, for its first start in a resumed run (a restart starts anew)."""
+        if self._resume is None or self.actor_restarts[index]:
+            return None
+        return self._resume["actors"][index]
+
+    def _wait_for_next_batch(self) -> None:
+        """Reproducible mode: until every rollout of the schedule's next batch has arrived (not taken)."""
+        raise NotImplementedError
+
+    def _actor_snapshots(self) -> list[bytes]:
+        """Every actor's `Actor.snapshot()`, in actor order, taken while none has a request open."""
+        raise NotImplementedError
+
+    def _arrived_rollouts(self) -> list[tuple[Job, Rollout, RolloutInfo]]:
+        """The rollouts in and not yet taken (the next batch's), each a copy of its own."""
+        raise NotImplementedError
 
     # -- failures ------------------------------------------------------------------------------
     def restart_seeds(self, index: int) -> tuple[int, int]:

@@ -14,6 +14,7 @@ This module only tells which of Ray's errors means which failure, and how to rep
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -24,7 +25,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from maze_cli.errors import RAY_MISSING, MazeCliError
+from maze_cli.errors import RAY_MISSING, MazeCliError, first_line
 from maze_cli.envs.mujoco import quiet_env_library_warnings
 from maze_cli.parallel.actor_loop import Actor
 from maze_cli.parallel.distributed_actors import DistributedActors, takes_actor_options
@@ -55,12 +56,15 @@ def import_ray():
 class RayActorBody:
     """What runs inside one Ray actor: an `Actor` and a record it refills for every request."""
 
-    def __init__(self, index: int, env_seed: int, agent_seed: int, shared: tuple):
-        """`shared` is (env_factory, policy, rollout spec, initial policy), the same for every actor."""
+    def __init__(self, index: int, env_seed: int, agent_seed: int, shared: tuple, snapshot: bytes | None = None):
+        """`shared` is (env_factory, policy, rollout spec, initial policy), the same for every actor;
+        `snapshot`, a resumed run's saved state of this actor (`Actor.snapshot`)."""
         env_factory, policy, spec, initial_policy = shared
         quiet_env_library_warnings()  # the learner's process shows them, once
         torch.set_num_threads(1)
         self.actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy)
+        if snapshot is not None:
+            self.actor.restore(snapshot)
         self.record = spec.allocate()
         self._last_end: float | None = None  # when the previous rollout was done: idle time is measured from it
 
@@ -71,6 +75,9 @@ class RayActorBody:
 
         context = ray.get_runtime_context()
         return {"node_id": context.get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
+
+    def snapshot(self) -> bytes:
+        return self.actor.snapshot()
 
     def collect(self, weights: list) -> tuple[Rollout, RolloutInfo]:
         """`weights` is [version, ref] (in a list, so Ray does not fetch the ref unless we ask)."""
@@ -148,8 +155,11 @@ class RayDistributedActors(DistributedActors):
             raise
         self._weights = [0, ray.put({k: v.detach().cpu() for k, v in self.policy.state_dict().items()})]
         self._weight_refs = {0: self._weights[1]}
-        if self.schedule:
-            return  # requested as the schedule says, when the learner collects
+        if self.schedule:  # requested as the schedule says, when the learner collects
+            if self._resume is not None:  # the rollouts a resumed run's checkpoint collected ahead of its learner
+                self._arrived = {job: (rollout, info) for job, rollout, info in self._resume["arrived"]}
+                self._resume = None
+            return
         if self.on_policy:
             self._request_batch(0)
         else:
@@ -158,7 +168,7 @@ class RayDistributedActors(DistributedActors):
 
     def _new_actor(self, index: int):
         env_seed, agent_seed = self.restart_seeds(index)
-        return self._remote.remote(index, env_seed, agent_seed, self._actor_args)
+        return self._remote.remote(index, env_seed, agent_seed, self._actor_args, self._resume_snapshot(index))
 
     def stop(self) -> None:
         """Kill this run's Ray actors; shut Ray down if this object started or joined it."""
@@ -311,6 +321,15 @@ class RayDistributedActors(DistributedActors):
             self._request_job(job)
         queue_before = self._ready_count() + len(self._arrived)
         start = time.perf_counter()
+        self._wait_for_next_batch()
+        batch = self.schedule.next_batch
+        jobs = [job for job in self._arrived if job.batch == batch]
+        records = self._take_in_order({job.index: self._arrived.pop(job) for job in jobs})
+        dequeue_time = time.perf_counter() - start
+        return Rollout.cat(records).to(learner_device), float(queue_before), float(self._ready_count()), dequeue_time
+
+    def _wait_for_next_batch(self) -> None:
+        ray = import_ray()
         batch = self.schedule.next_batch
         while sum(job.batch == batch for job in self._arrived) < self.batch_size:
             ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=_POLL_S)
@@ -324,10 +343,18 @@ class RayDistributedActors(DistributedActors):
                 del self.pending[ref], self._jobs[ref]
                 self._open.close(job.actor, ref)
                 self._arrived[job] = received
-        jobs = [job for job in self._arrived if job.batch == batch]
-        records = self._take_in_order({job.index: self._arrived.pop(job) for job in jobs})
-        dequeue_time = time.perf_counter() - start
-        return Rollout.cat(records).to(learner_device), float(queue_before), float(self._ready_count()), dequeue_time
+
+    def _actor_snapshots(self) -> list[bytes]:
+        ray = import_ray()
+        from ray.exceptions import RayTaskError
+
+        try:
+            return ray.get([handle.snapshot.remote() for handle in self.handles])
+        except RayTaskError as err:  # the pickle error, raised in the actor
+            raise RuntimeError(first_line(getattr(err, "cause", None) or err)) from None
+
+    def _arrived_rollouts(self) -> list[tuple[Job, Rollout, RolloutInfo]]:
+        return [(job, Rollout.cat([rollout]), copy.deepcopy(info)) for job, (rollout, info) in self._arrived.items()]
 
     def _receive(self, ray, ref, index: int, job: Job | None = None) -> tuple[Rollout, RolloutInfo] | None:
         """The rollout behind `ref`, or None after recovering from its actor's failure (reproducible

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import signal
 import threading
 import time
@@ -13,7 +14,8 @@ import torch
 
 from maze_cli.parallel.actor_loop import Actor
 from maze_cli.parallel.distributed_actors import DistributedActors
-from maze_cli.records import Rollout
+from maze_cli.parallel.schedule import Job
+from maze_cli.records import Rollout, RolloutInfo
 
 
 class SequentialDistributedActors(DistributedActors):
@@ -31,16 +33,26 @@ class SequentialDistributedActors(DistributedActors):
 
     def _make_actor(self, index: int) -> Actor:
         env_seed, agent_seed = self.restart_seeds(index)
-        return Actor(index, self.env_factory, self.policy, self.envs_per_actor, self.n_rollout_steps, env_seed, agent_seed,
-                     self.initial_policy)
+        actor = Actor(index, self.env_factory, self.policy, self.envs_per_actor, self.n_rollout_steps, env_seed, agent_seed,
+                      self.initial_policy)
+        snapshot = self._resume_snapshot(index)
+        if snapshot is not None:
+            actor.restore(snapshot)
+        return actor
 
     def _start_actors(self) -> None:
         self.actors = [self._make_actor(i) for i in range(self.n_actors)]
         self._records = [self.rollout_spec.allocate() for _ in range(self.batch_size)]
         self._next_actor = 0
-        # reproducible mode: the weights of the versions open requests were made with, and those requests
+        # reproducible mode: the weights of the versions open requests were made with, those requests,
+        # and the rollouts collected ahead of the learner (only to be saved in a checkpoint)
         self._versions = {0: _copy(self.policy.state_dict())}
         self._jobs: list = []
+        self._arrived: dict[Job, tuple[Rollout, RolloutInfo]] = {}
+        if self._resume is not None:
+            for job, rollout, info in self._resume["arrived"]:
+                self._arrived[job] = (self._records[job.index].copy_(rollout), info)
+            self._resume = None
 
     def stop(self) -> None:
         for actor in getattr(self, "actors", []):
@@ -89,8 +101,16 @@ class SequentialDistributedActors(DistributedActors):
         requested with (the request made when the batch `lag` before it was collected)."""
         start = time.perf_counter()
         self._jobs += self.schedule.due(self.policy_version)
+        self._wait_for_next_batch()
+        arrived = {job.index: self._arrived.pop(job) for job in list(self._arrived)}
+        batch = Rollout.cat(self._take_in_order(arrived)).to(learner_device)
+        return batch, 0.0, 0.0, time.perf_counter() - start
+
+    def _wait_for_next_batch(self) -> None:
+        """Collect the next batch's rollouts now, unless a checkpoint had them collected already."""
+        if self._arrived:
+            return
         batch, self._jobs = self._jobs[:self.batch_size], self._jobs[self.batch_size:]
-        arrived = {}
         for job, record in zip(batch, self._records):
             while True:
                 actor = self.actors[job.actor]
@@ -98,14 +118,18 @@ class SequentialDistributedActors(DistributedActors):
                     actor.load_policy(self._versions[job.version], job.version)
                 try:
                     with _deadline(self.rollout_timeout_s):
-                        arrived[job.index] = (record, actor.collect(record))
+                        self._arrived[job] = (record, actor.collect(record))
                     break
                 except RolloutTimeout:
                     self._recover(self._silent_failure(actor.index, self.rollout_timeout_s))
                 except Exception:
                     self._actor_failed(actor.index, traceback.format_exc())
-        batch = Rollout.cat(self._take_in_order(arrived)).to(learner_device)
-        return batch, 0.0, 0.0, time.perf_counter() - start
+
+    def _actor_snapshots(self) -> list[bytes]:
+        return [actor.snapshot() for actor in self.actors]
+
+    def _arrived_rollouts(self) -> list[tuple[Job, Rollout, RolloutInfo]]:
+        return [(job, Rollout.cat([record]), copy.deepcopy(info)) for job, (record, info) in self._arrived.items()]
 
 
 def _copy(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

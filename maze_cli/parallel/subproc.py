@@ -68,6 +68,14 @@ def _get(connection, stopping) -> int | tuple[int, int] | None:
     return None
 
 
+def _snapshot_or_error(actor: Actor) -> bytes | str:
+    """The actor's snapshot, or why it could not be taken (the learner says it once)."""
+    try:
+        return actor.snapshot()
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+
+
 def _allocate_slots(spec: RolloutSpec, n_slots: int, memory) -> Rollout:
     """The pool of `n_slots` rollout records in `memory` (a function, so a child can map it again)."""
     return spec.allocate(n_slots=n_slots, memory=memory)
@@ -87,11 +95,13 @@ def actor_process(
     agent_seed: int,
     initial_policy: nn.Module | None,
     generation: int,
+    snapshot: bytes | None = None,
 ) -> None:
     """The body of one actor subprocess: take a requested slot from its own pipe, pull weights if
     newer, fill the slot, send its index back through its own pipe. `weights` is one buffer holding
     the newest version, or in reproducible mode a ring (version v in buffer v % len) from which each
-    request names the version to act with.
+    request names the version to act with. A request "snapshot" asks for the actor's state
+    (`Actor.snapshot`), which a resumed run hands back as `snapshot`.
 
     `generation` counts the actor's restarts; its error report carries it, so that a report from a
     process the learner already replaced is not counted twice."""
@@ -102,11 +112,17 @@ def actor_process(
     slot = None  # the slot this actor holds, handed back with an error report
     try:
         actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy)
+        if snapshot is not None:
+            actor.restore(snapshot)
         while not stopping.value:
             t0 = time.perf_counter()
             request = _get(requests, stopping)
             if request is None:
                 break
+            if request == "snapshot":
+                if not _send(outbox, ("snapshot", index, _snapshot_or_error(actor), generation)):
+                    break
+                continue
             wait = time.perf_counter() - t0
             slot, version = request if isinstance(request, tuple) else (request, None)
             # After taking the slot: an on-policy learner publishes before it hands out slots.
@@ -213,6 +229,12 @@ class SubprocDistributedActors(DistributedActors):
         self.processes = [None] * self.n_actors
         for i in range(self.n_actors):
             self._spawn(i)
+        if self._resume is not None:  # the rollouts a resumed run's checkpoint collected ahead of its learner
+            for job, rollout, info in self._resume["arrived"]:
+                slot = self._idle_slots.pop()
+                self.slots.slot(slot).copy_(rollout)
+                self._arrived[job] = (slot, info)
+            self._resume = None
         if not self.schedule:  # reproducible: requested as the schedule says, when the learner collects
             self._hand_out(0)
 
@@ -235,7 +257,8 @@ class SubprocDistributedActors(DistributedActors):
         """What actor process `index` is given: everything it shares with the learner and the others."""
         env_seed, agent_seed = self.restart_seeds(index)
         return (index, self.env_factory, self._policy_copy, self.rollout_spec, self._slots, self._request_readers[index], outbox,
-                self.weights, self._stopping, env_seed, agent_seed, self.initial_policy, self.actor_restarts[index])
+                self.weights, self._stopping, env_seed, agent_seed, self.initial_policy, self.actor_restarts[index],
+                self._resume_snapshot(index))
 
     def _hand_out(self, received: int) -> None:
         """Give slots to the actors, each to the one with the fewest open requests: on-policy, what
@@ -367,6 +390,8 @@ class SubprocDistributedActors(DistributedActors):
         """The next rollout in, as (slot, info); None after a message that brought none (an actor's
         error, recovered from here, or a message of a process already replaced)."""
         kind, *payload = self._next_message(received)
+        if kind == "snapshot":
+            return None  # (a reply to a snapshot request the learner no longer waits for)
         if kind == "error":
             index, generation, slot, details = payload
             if generation == self.actor_restarts[index]:  # else from a process already replaced
@@ -396,6 +421,41 @@ class SubprocDistributedActors(DistributedActors):
         batch = self.schedule.next_batch
         jobs = [job for job in self._arrived if job.batch == batch]
         return self._take_in_order({job.index: self._arrived.pop(job) for job in jobs})
+
+    def _wait_for_next_batch(self) -> None:
+        while not self._batch_in():
+            rollout = self._next_rollout(0)
+            if rollout is not None:
+                slot, info = rollout
+                self._arrived[self._jobs.pop(slot)] = (slot, info)
+
+    def _actor_snapshots(self) -> list[bytes]:
+        for requests in self._requests:
+            requests.send("snapshot")
+        snapshots: dict[int, bytes | str] = {}
+        while len(snapshots) < self.n_actors:
+            if not self._received:
+                self._receive(timeout=_POLL_S)
+                self._check_alive()  # one that died is restarted: the run is then no longer reproducible
+            if self._diverged:
+                raise RuntimeError("an actor failed while its state was saved")
+            if not self._received:
+                continue
+            kind, *payload = message = self._received.popleft()
+            if kind != "snapshot":  # an actor's error report: recovered there
+                self._received.appendleft(message)
+                self._next_rollout(0)
+                continue
+            index, snapshot, generation = payload
+            if generation == self.actor_restarts[index]:
+                snapshots[index] = snapshot
+        errors = [s for s in snapshots.values() if isinstance(s, str)]
+        if errors:
+            raise RuntimeError(errors[0])
+        return [snapshots[i] for i in range(self.n_actors)]
+
+    def _arrived_rollouts(self) -> list[tuple[Job, Rollout, Any]]:
+        return [(job, Rollout.cat([self.slots.slot(slot)]), copy.deepcopy(info)) for job, (slot, info) in self._arrived.items()]
 
     def _owes_rollout_since(self, index: int) -> float | None:
         """An actor owes a rollout while it holds a requested slot (without one it waits on the

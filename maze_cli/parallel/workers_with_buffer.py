@@ -125,6 +125,13 @@ class BaseDistributedWorkersWithBuffer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def checkpoint_state(self) -> dict | None:
+        """The actors' part of a reproducible run's checkpoint (the buffer is the checkpoint's own)."""
+        return self.actors.checkpoint_state()
+
+    def restore_checkpoint_state(self, state: dict) -> None:
+        self.actors.restore_checkpoint_state(state)
+
     # -- data flow -----------------------------------------------------------------------------
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Publish new worker weights; the first broadcast also retires the initial sampling policy."""
