@@ -123,11 +123,16 @@ def test_background_evaluation_is_refused_in_reproducible_mode(tmp_path):
 
 
 # -- resume ---------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Hopper-v5"])
-def test_a_restored_actor_collects_what_the_saved_one_collects_next(env_id):
-    """Its envs come back in the middle of their episodes (Hopper: a MuJoCo env, which gymnasium would
-    pickle as the arguments to build a new one), with the actor's random state and recurrent state."""
-    factory = EnvFactory({"id": env_id})
+@pytest.mark.parametrize("env", [{"id": "CartPole-v1"}, {"id": "Hopper-v5"},
+                                 {"_target_": "maze_cli.envs.atari.make_atari", "id": "ALE/Pong-v5", "frame_skip": 4,
+                                  "frame_stack": 4, "noop_max": 30, "screen_size": 84, "episodic_life": False,
+                                  "repeat_action_probability": 0.25, "max_episode_steps": 108000}],
+                         ids=["cartpole", "mujoco", "atari"])
+def test_a_restored_actor_collects_what_the_saved_one_collects_next(env):
+    """Its envs come back in the middle of their episodes (Hopper, Pong: envs that gymnasium would pickle
+    as the arguments to build a new one; Pong with its emulator's state and sticky-action RNG), with the
+    actor's random state and recurrent state."""
+    factory = EnvFactory(env)
     spec = make_actors(SequentialDistributedActors, factory, n_steps=7, n_actors=1, batch_size=1).rollout_spec
     policy = make_policy(factory())
     saved = Actor(0, factory, policy, spec.n_envs, spec.n_steps, env_seed=5, agent_seed=6)

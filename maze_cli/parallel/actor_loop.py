@@ -203,16 +203,29 @@ class Actor:
 class _StatePickler(pickle.Pickler):
     """Pickles an env with its state. gymnasium's EzPickle (MuJoCo, Box2D, Atari envs) pickles the
     arguments to build a fresh env, which would lose the episode under way: such an object is pickled
-    with its attributes instead, and one that holds something unpicklable (a Box2D world, an ALE
-    emulator) fails here rather than come back as a new env."""
+    with its attributes instead (an Atari env with its emulator's state), and one that holds something
+    unpicklable (a Box2D world) fails here rather than come back as a new env."""
 
     def reducer_override(self, obj):
-        if isinstance(obj, EzPickle) and type(obj).__getstate__ is EzPickle.__getstate__:
-            return _with_attributes, (type(obj), obj.__dict__)
-        return NotImplemented
+        if not isinstance(obj, EzPickle) or type(obj).__getstate__ is not EzPickle.__getstate__:
+            return NotImplemented
+        attributes = dict(obj.__dict__)
+        emulator = attributes.pop("ale", None)
+        if emulator is not None and hasattr(emulator, "cloneState"):  # an Atari env: the emulator's own state
+            state = emulator.cloneState(include_rng=True)  # (with the RNG of its sticky actions)
+            return _atari_env, (type(obj), obj._ezpickle_args, obj._ezpickle_kwargs, state, attributes)
+        return _with_attributes, (type(obj), attributes)
 
 
 def _with_attributes(cls: type, attributes: dict) -> object:
     obj = cls.__new__(cls)
     obj.__dict__.update(attributes)
     return obj
+
+
+def _atari_env(cls: type, args: tuple, kwargs: dict, emulator_state, attributes: dict) -> object:
+    """An Atari env built anew (its emulator loads the ROM), then put in the saved emulator state."""
+    env = cls(*args, **kwargs)
+    env.ale.restoreState(emulator_state)
+    env.__dict__.update(attributes)
+    return env
