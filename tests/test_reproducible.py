@@ -85,6 +85,15 @@ def test_two_subprocess_runs_of_one_seed_are_one_run(tmp_path):
     same_run(*runs)
 
 
+def test_two_learners_give_one_run(tmp_path):
+    """learner.num_learners=2: each learner's actors on the schedule, gradients averaged in a fixed order."""
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for run in runs:
+        result = run_train(*CARTPOLE, "runner=subproc", "learner.num_learners=2", "max_env_steps=12000", run_dir=run)
+        assert result.returncode == 0, result.stderr
+    same_run(*runs)
+
+
 @pytest.mark.slow
 def test_sequential_subprocess_and_ray_runners_give_the_same_run(tmp_path):
     runs = {runner: tmp_path / runner for runner in ("sequential", "subproc", "ray")}
