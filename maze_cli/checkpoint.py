@@ -190,8 +190,7 @@ class Checkpointer:
 
     def save_actors(self) -> None:
         """Write actors.pkl for the last.pt about to be written at this step (once per step)."""
-        steps = self.trainer.env_steps
-        if not self.actors_state or (self._actors_saved is not None and self._actors_saved[1] == steps):
+        if not self.actors_state or self._actors_token() is not None:
             return
         state = self.run.runner.checkpoint_state()
         if state is None:
@@ -200,7 +199,12 @@ class Checkpointer:
         token = uuid.uuid4().hex
         data = pickle.dumps({"token": token, **state}, protocol=pickle.HIGHEST_PROTOCOL)
         _write_atomically(self.directory / ACTORS_FILE, lambda tmp: tmp.write_bytes(data))
-        self._actors_saved = (token, steps)
+        self._actors_saved = (token, self.trainer.env_steps)
+
+    def _actors_token(self) -> str | None:
+        """The token of the actors.pkl written at this very step, if one was."""
+        saved = self._actors_saved
+        return saved[0] if saved is not None and saved[1] == self.trainer.env_steps else None
 
     def restore_actors(self, saved: dict[str, Any]) -> str | None:
         """Before the actors start: have them go on from the state `saved` (last.pt) was written with.
@@ -245,8 +249,9 @@ class Checkpointer:
         payload = self.payload(reason)
         # Interrupted, the actors may be gone or mid-rollout: their state saved at this step (if any) is
         # not trusted to be the one the learner left.
-        if self._actors_saved is not None and self._actors_saved[1] == self.trainer.env_steps and reason != "interrupted":
-            payload["actors_token"] = self._actors_saved[0]
+        token = self._actors_token()
+        if token is not None and reason != "interrupted":
+            payload["actors_token"] = token
         save_checkpoint(self.directory / "last.pt", payload)
 
     def on_epoch_end(self, stats: dict[str, Any]) -> None:

@@ -49,6 +49,7 @@ class Actor:
         env_seed: int,
         agent_seed: int,
         initial_policy: nn.Module | None = None,
+        snapshot: bytes | None = None,
     ):
         self.index = index
         self.n_envs = n_envs
@@ -74,6 +75,8 @@ class Actor:
         self._resets_next_step = bool(getattr(self.envs, "next_step_autoreset", False))
         self.episode_return = np.zeros(n_envs, dtype=np.float64)
         self.episode_length = np.zeros(n_envs, dtype=np.int64)
+        if snapshot is not None:  # a resumed reproducible run: go on where the saved actor was
+            self.restore(snapshot)
 
     # What a reproducible run's resume needs to go on where the actor was: everything but the weights,
     # which the learner holds (each rollout names the version it is collected with).

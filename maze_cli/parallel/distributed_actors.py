@@ -198,6 +198,13 @@ class DistributedActors(abc.ABC):
             stats.add("actor_idle_frac", wait / (wait + busy))
         return True
 
+    def _take_arrived_batch(self) -> list[_Record]:
+        """Reproducible mode: batch `schedule.next_batch` out of `self._arrived` (job -> (record, info),
+        each backend's rollouts in and not yet taken), whole, in the schedule's order."""
+        batch = self.schedule.next_batch
+        jobs = [job for job in self._arrived if job.batch == batch]
+        return self._take_in_order({job.index: self._arrived.pop(job) for job in jobs})
+
     def _take_in_order(self, arrived: dict[int, tuple[_Record, RolloutInfo]]) -> list[_Record]:
         """Reproducible mode: batch `schedule.next_batch` from its rollouts (by index in the batch, in
         whatever order they arrived; each a record or where the backend keeps it), accounted and
@@ -259,7 +266,11 @@ class DistributedActors(abc.ABC):
 
     def _arrived_rollouts(self) -> list[tuple[Job, Rollout, RolloutInfo]]:
         """The rollouts in and not yet taken (the next batch's), each a copy of its own."""
-        raise NotImplementedError
+        return [(job, Rollout.cat([self._rollout_of(record)]), copy.deepcopy(info)) for job, (record, info) in self._arrived.items()]
+
+    def _rollout_of(self, record: _Record) -> Rollout:
+        """The rollout a backend's record of it holds (the record itself, unless the backend keeps a slot)."""
+        return record
 
     # -- failures ------------------------------------------------------------------------------
     def restart_seeds(self, index: int) -> tuple[int, int]:

@@ -14,7 +14,6 @@ This module only tells which of Ray's errors means which failure, and how to rep
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import os
@@ -62,9 +61,7 @@ class RayActorBody:
         env_factory, policy, spec, initial_policy = shared
         quiet_env_library_warnings()  # the learner's process shows them, once
         torch.set_num_threads(1)
-        self.actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy)
-        if snapshot is not None:
-            self.actor.restore(snapshot)
+        self.actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy, snapshot)
         self.record = spec.allocate()
         self._last_end: float | None = None  # when the previous rollout was done: idle time is measured from it
 
@@ -322,9 +319,7 @@ class RayDistributedActors(DistributedActors):
         queue_before = self._ready_count() + len(self._arrived)
         start = time.perf_counter()
         self._wait_for_next_batch()
-        batch = self.schedule.next_batch
-        jobs = [job for job in self._arrived if job.batch == batch]
-        records = self._take_in_order({job.index: self._arrived.pop(job) for job in jobs})
+        records = self._take_arrived_batch()
         dequeue_time = time.perf_counter() - start
         return Rollout.cat(records).to(learner_device), float(queue_before), float(self._ready_count()), dequeue_time
 
@@ -352,9 +347,6 @@ class RayDistributedActors(DistributedActors):
             return ray.get([handle.snapshot.remote() for handle in self.handles])
         except RayTaskError as err:  # the pickle error, raised in the actor
             raise RuntimeError(first_line(getattr(err, "cause", None) or err)) from None
-
-    def _arrived_rollouts(self) -> list[tuple[Job, Rollout, RolloutInfo]]:
-        return [(job, Rollout.cat([rollout]), copy.deepcopy(info)) for job, (rollout, info) in self._arrived.items()]
 
     def _receive(self, ray, ref, index: int, job: Job | None = None) -> tuple[Rollout, RolloutInfo] | None:
         """The rollout behind `ref`, or None after recovering from its actor's failure (reproducible

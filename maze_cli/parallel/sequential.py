@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import signal
 import threading
 import time
@@ -33,12 +32,8 @@ class SequentialDistributedActors(DistributedActors):
 
     def _make_actor(self, index: int) -> Actor:
         env_seed, agent_seed = self.restart_seeds(index)
-        actor = Actor(index, self.env_factory, self.policy, self.envs_per_actor, self.n_rollout_steps, env_seed, agent_seed,
-                      self.initial_policy)
-        snapshot = self._resume_snapshot(index)
-        if snapshot is not None:
-            actor.restore(snapshot)
-        return actor
+        return Actor(index, self.env_factory, self.policy, self.envs_per_actor, self.n_rollout_steps, env_seed, agent_seed,
+                     self.initial_policy, self._resume_snapshot(index))
 
     def _start_actors(self) -> None:
         self.actors = [self._make_actor(i) for i in range(self.n_actors)]
@@ -102,8 +97,7 @@ class SequentialDistributedActors(DistributedActors):
         start = time.perf_counter()
         self._jobs += self.schedule.due(self.policy_version)
         self._wait_for_next_batch()
-        arrived = {job.index: self._arrived.pop(job) for job in list(self._arrived)}
-        batch = Rollout.cat(self._take_in_order(arrived)).to(learner_device)
+        batch = Rollout.cat(self._take_arrived_batch()).to(learner_device)
         return batch, 0.0, 0.0, time.perf_counter() - start
 
     def _wait_for_next_batch(self) -> None:
@@ -127,9 +121,6 @@ class SequentialDistributedActors(DistributedActors):
 
     def _actor_snapshots(self) -> list[bytes]:
         return [actor.snapshot() for actor in self.actors]
-
-    def _arrived_rollouts(self) -> list[tuple[Job, Rollout, RolloutInfo]]:
-        return [(job, Rollout.cat([record]), copy.deepcopy(info)) for job, (record, info) in self._arrived.items()]
 
 
 def _copy(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -111,9 +111,7 @@ def actor_process(
     actor = None
     slot = None  # the slot this actor holds, handed back with an error report
     try:
-        actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy)
-        if snapshot is not None:
-            actor.restore(snapshot)
+        actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy, snapshot)
         while not stopping.value:
             t0 = time.perf_counter()
             request = _get(requests, stopping)
@@ -367,7 +365,7 @@ class SubprocDistributedActors(DistributedActors):
         taken: list[int] = []
         while len(taken) < self.batch_size:
             if self.schedule and self._batch_in():
-                taken = self._take_scheduled()
+                taken = self._take_arrived_batch()
                 break
             rollout = self._next_rollout(len(taken))
             if rollout is None:
@@ -416,12 +414,6 @@ class SubprocDistributedActors(DistributedActors):
         batch = self.schedule.next_batch
         return sum(job.batch == batch for job in self._arrived) == self.batch_size
 
-    def _take_scheduled(self) -> list[int]:
-        """The slots of the schedule's next batch, in its order (its rollouts accounted in that order)."""
-        batch = self.schedule.next_batch
-        jobs = [job for job in self._arrived if job.batch == batch]
-        return self._take_in_order({job.index: self._arrived.pop(job) for job in jobs})
-
     def _wait_for_next_batch(self) -> None:
         while not self._batch_in():
             rollout = self._next_rollout(0)
@@ -454,8 +446,8 @@ class SubprocDistributedActors(DistributedActors):
             raise RuntimeError(errors[0])
         return [snapshots[i] for i in range(self.n_actors)]
 
-    def _arrived_rollouts(self) -> list[tuple[Job, Rollout, Any]]:
-        return [(job, Rollout.cat([self.slots.slot(slot)]), copy.deepcopy(info)) for job, (slot, info) in self._arrived.items()]
+    def _rollout_of(self, slot: int) -> Rollout:
+        return self.slots.slot(slot)
 
     def _owes_rollout_since(self, index: int) -> float | None:
         """An actor owes a rollout while it holds a requested slot (without one it waits on the
