@@ -29,3 +29,15 @@ class ConfigError(MazeCliError, ValueError):
 
 class CheckpointError(ConfigError):
     """A checkpoint that cannot be used: unreadable, not maze_cli's, from another version, or untrusted."""
+
+
+class EnvConfigError(ConfigError):
+    """An env config that cannot produce an env."""
+
+
+class NonFiniteLoss(FloatingPointError):
+    """A loss became NaN or infinite: the weights are no longer worth training or saving."""
+
+    def __init__(self, name: str, value: float):
+        self.name, self.value = name, value
+        super().__init__(f"{name} became {value}")

@@ -36,9 +36,8 @@ from torch import nn
 
 from maze_cli.algorithms.optim import Adam
 from maze_cli.distributed import LearnerGroup
-from maze_cli.errors import ConfigError
+from maze_cli.errors import ConfigError, NonFiniteLoss
 from maze_cli.stats.aggregator import EpochStatsAggregator
-from maze_cli.training import NonFiniteLoss
 
 log = logging.getLogger("maze_cli")
 

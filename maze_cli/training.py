@@ -27,14 +27,6 @@ from maze_cli.stats.writers import StatsWriter
 log = logging.getLogger("maze_cli")
 
 
-class NonFiniteLoss(FloatingPointError):
-    """A loss became NaN or infinite: the weights are no longer worth training or saving."""
-
-    def __init__(self, name: str, value: float):
-        self.name, self.value = name, value
-        super().__init__(f"{name} became {value}")
-
-
 class TrainingLoop(Protocol):
     """One algorithm's way of turning experience into updates."""
 

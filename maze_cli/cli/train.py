@@ -27,7 +27,7 @@ from maze_cli.cli.errors import explain, exit_code
 from maze_cli.cli.paths import config_dir
 from maze_cli.config.schema import NoEnvError, register_configs, validate
 from maze_cli.disk import STOPPED_BY_FULL_DISK, DiskFull, check_writable_dir, is_disk_full, is_unwritable, quiet_full_disk_in_log_files, unwritable_message
-from maze_cli.errors import ConfigError, MazeCliError
+from maze_cli.errors import ConfigError, MazeCliError, NonFiniteLoss
 
 log = logging.getLogger("maze_cli")
 register_configs()  # the schemas the packaged YAML files extend (also in sweep workers, which import this)
@@ -328,7 +328,6 @@ def _run_to_the_end(run, trainer, checkpointer, files: list, trackers: list, run
     from maze_cli.callbacks import CallbackFailed
     from maze_cli.distributed import LearnerFailure
     from maze_cli.stats.plots import draw_learning_curve, start_learning_curve
-    from maze_cli.training import NonFiniteLoss
 
     curve, disk_full = None, False
     try:

@@ -11,31 +11,17 @@ observation is the new episode's first. Such a step is no transition; learners m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
 import torch
 
+from maze_cli.envs.batch_step import BatchStep
 from maze_cli.envs.info_stats import SUCCESS_KEY, vector_infos
 from maze_cli.envs.multiagent import MultiAgentBatch
 from maze_cli.envs.spaces import ObservationWriter, actions_to_env
 from maze_cli.seeding import derive_seed, derive_seeds
-
-
-@dataclass
-class BatchStep:
-    """What one step of a batch of `n` envs returns."""
-
-    observations: Any  # the next observation of each env (the first of a new episode after an end)
-    rewards: np.ndarray  # [n] float32
-    terminated: np.ndarray  # [n] bool
-    truncated: np.ndarray  # [n] bool, never together with terminated
-    final_observations: dict[int, Any]  # env -> last observation of its truncated episode
-    autoreset: np.ndarray  # [n] bool: this step only reset the env (no transition)
-    # env -> its info, for the envs whose info may hold a followed key (an ended episode's is its last step's)
-    infos: dict[int, Any] = field(default_factory=dict)
 
 
 class EnvList:

@@ -16,7 +16,7 @@ from maze_cli.envs.mujoco import is_mujoco_id, prepare_mujoco
 from maze_cli.envs.multiagent import AgentIdObservation, agent_spaces, as_parallel, is_multiagent, team_info_stats
 from maze_cli.envs.spaces import UnsupportedSpaceError, action_spec, observation_specs
 from maze_cli.envs.wrappers import apply_wrappers, wrapper_specs
-from maze_cli.errors import ConfigError, first_line
+from maze_cli.errors import ConfigError, EnvConfigError, first_line
 
 __all__ = ["EnvFactory", "EnvConfigError", "UnsupportedSpaceError", "VectorizedEnvTarget"]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -48,10 +48,6 @@ EXTRAS = {"minatar": "minatar", "ale_py": "atari", "minigrid": "minigrid"}
 ID_PACKAGES = {"ALE/": "ale_py", "MinAtar/": "minatar.gym", "MiniGrid-": "minigrid", "BabyAI-": "minigrid"}
 # Observation keys no network reads, and the wrapper that turns such an observation into one it does.
 FIXING_WRAPPERS = {"mission": "minigrid.wrappers.ImgObsWrapper"}
-
-
-class EnvConfigError(ConfigError):
-    """An env config that cannot produce an env."""
 
 
 @runtime_checkable

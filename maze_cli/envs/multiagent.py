@@ -18,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from maze_cli.envs.batch_step import BatchStep
 from maze_cli.envs.spaces import ObservationWriter, actions_to_env, observation_specs
 from maze_cli.errors import ConfigError
 from maze_cli.seeding import derive_seeds
@@ -160,8 +161,6 @@ class MultiAgentBatch:
                 self.observations[e * self.n_agents + k] = observations[agent]
 
     def step(self, actions: np.ndarray):
-        from maze_cli.envs.batch import BatchStep
-
         n = self.n_envs
         rewards = np.zeros(n, dtype=np.float32)
         terminated = np.zeros(n, dtype=bool)

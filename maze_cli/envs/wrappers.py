@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import gymnasium as gym
 
-from maze_cli.errors import ConfigError, first_line
+from maze_cli.errors import ConfigError, EnvConfigError, first_line
 
 
 def wrapper_specs(wrappers: Any) -> list[tuple[str, dict[str, Any]]]:
@@ -41,8 +41,6 @@ def wrapper_targets(wrappers: Any) -> list[str]:
 def apply_wrappers(env: gym.Env, wrappers: Any) -> gym.Env:
     """`env` wrapped by each entry of `wrappers` in order (the first is innermost)."""
     from hydra.utils import get_object
-
-    from maze_cli.envs.factory import EnvConfigError
 
     for i, (target, arguments) in enumerate(wrapper_specs(wrappers)):
         try:
