@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from maze_cli.disk import writing
+from maze_cli.distributed import SNAPSHOT
 from maze_cli.errors import CheckpointError, first_line
 
 FORMAT = "maze_cli.checkpoint"
@@ -168,17 +169,54 @@ def policy_from_payload(payload: dict[str, Any], trusted: Iterable[str] = (), tr
 ACTORS_FILE = "actors.pkl"
 
 
+def follower_state(run, with_replay_buffer: bool) -> dict[str, Any] | None:
+    """A learner beside learner 0, at a checkpoint of a reproducible run: what it needs to go on as
+    this run does after a resume: its actors' state, RNG states, loop state, replay buffer (when the
+    run saves them) and its own learner state, which is learner 0's but for what each learner keeps
+    of its own envs (the reward scaler's running return per env). None where its actors cannot be saved."""
+    actors = run.runner.checkpoint_state()
+    if actors is None:
+        return None
+    return {"actors": actors, "rng": rng_states(), "learner": run.learner.state_dict(), "loop": run.loop.state_dict(),
+            **_replay_state(run, with_replay_buffer)}
+
+
+def restore_follower_state(run, state: dict[str, Any]) -> None:
+    """Before its actors start: a learner beside learner 0 goes on from its `follower_state`."""
+    run.runner.restore_checkpoint_state(state["actors"])
+    run.learner.load_state_dict(state["learner"])
+    run.loop.load_state_dict(state["loop"])
+    _restore_replay_state(run, state)
+    set_rng_states(state["rng"])
+
+
+def _replay_state(run, with_replay_buffer: bool) -> dict[str, Any]:
+    """The replay buffer's part of a checkpoint: its contents and the env steps its workers took."""
+    buffer = getattr(run.runner, "replay_buffer", None)
+    if not with_replay_buffer or buffer is None:
+        return {}
+    return {"replay_buffer": buffer.state_dict(), "worker_env_steps": run.runner.env_steps}
+
+
+def _restore_replay_state(run, state: dict[str, Any]) -> None:
+    buffer = getattr(run.runner, "replay_buffer", None)
+    if buffer is not None and "replay_buffer" in state:
+        buffer.load_state_dict(state["replay_buffer"])
+        run.runner.env_steps = state["worker_env_steps"]
+
+
 class Checkpointer:
     """Writes and restores the checkpoints of one run.
 
-    With `actors_state` (a reproducible run of one learner), `last.pt` written at an epoch's end is
-    paired with `actors.pkl` beside it: the actors' state (`DistributedActors.checkpoint_state`, their
-    envs pickled), which `train resume=` reads so that the resumed run is the one that never stopped.
-    That file is not a checkpoint to share: only resume reads it, from a run dir whose config.yaml
-    already names the code that the run imports and builds."""
+    With `actors_state` (a reproducible run), `last.pt` written at an epoch's end is paired with
+    `actors.pkl` beside it: the actors' state (`DistributedActors.checkpoint_state`, their envs
+    pickled) and, with several learners (`group`), each other learner's (`follower_state`), which
+    `train resume=` reads so that the resumed run is the one that never stopped. That file is not a
+    checkpoint to share: only resume reads it, from a run dir whose config.yaml already names the
+    code that the run imports and builds."""
 
     def __init__(self, directory: Path, run, trainer, config: dict, interval: int, with_replay_buffer: bool,
-                 actors_state: bool = False):
+                 actors_state: bool = False, group: Any = None):
         self.directory = directory
         self.run = run
         self.trainer = trainer
@@ -186,13 +224,30 @@ class Checkpointer:
         self.interval = interval
         self.with_replay_buffer = with_replay_buffer
         self.actors_state = actors_state
+        self.group = group
         self._actors_saved: tuple[str, int] | None = None  # (token, env steps) of the last actors.pkl written
+        self._followers: tuple[int, list] | None = None  # (env steps, states) the other learners gave last
+        self.followers_resume: list | None = None  # resume: the other learners' saved states, for them to restore
+
+    def _at_interval(self) -> bool:
+        return self.trainer.epoch % self.interval == 0
+
+    def take_followers_state(self, reason: str | None) -> None:
+        """Several learners, at an epoch's end that writes last.pt (its interval, or the run's end),
+        before learner 0 tells the others to go on: each one's state for actors.pkl (`follower_state`)."""
+        if self.actors_state and self.group is not None and (reason is not None or self._at_interval()):
+            self.group.decide(SNAPSHOT)
+            self._followers = (self.trainer.env_steps, self.group.gather_objects(None)[1:])
 
     def save_actors(self) -> None:
         """Write actors.pkl for the last.pt about to be written at this step (once per step)."""
         if not self.actors_state or self._actors_token() is not None:
             return
         state = self.run.runner.checkpoint_state()
+        if state is not None and self.group is not None:
+            followers = self._followers[1] if self._followers is not None and self._followers[0] == self.trainer.env_steps else None
+            # a learner whose envs cannot be pickled said so itself
+            state = None if followers is None or any(f is None for f in followers) else {**state, "learners": followers}
         if state is None:
             self._actors_saved = None
             return
@@ -211,7 +266,7 @@ class Checkpointer:
         Returns why they cannot (None when they will): no state saved (an interrupted run, an actor
         restarted, envs that cannot be pickled), actors.pkl another checkpoint's, or a replay buffer
         that was not saved."""
-        if self._replay_buffer() is not None and "replay_buffer" not in saved:
+        if getattr(self.run.runner, "replay_buffer", None) is not None and "replay_buffer" not in saved:
             return "its replay buffer was not saved: checkpoint.replay_buffer=true saves it"
         token, path = saved.get("actors_token"), self.directory / ACTORS_FILE
         no_state = "the checkpoint holds no state of the actors: written on an interrupt, after an actor restarted, or with envs that cannot be pickled"
@@ -223,14 +278,16 @@ class Checkpointer:
             return f"{ACTORS_FILE} cannot be read: {first_line(err)}"
         if not isinstance(state, dict) or state.get("token") != token:
             return f"{ACTORS_FILE} belongs to another checkpoint"
+        followers = state.pop("learners", None)
+        if self.group is not None:
+            if followers is None or len(followers) != self.group.world_size - 1:
+                return f"{ACTORS_FILE} does not hold the state of the other {self.group.world_size - 1} learner(s)"
+            self.followers_resume = followers
         self.run.runner.restore_checkpoint_state(state)
         return None
 
-    def _replay_buffer(self):
-        return getattr(self.run.runner, "replay_buffer", None)
-
     def payload(self, reason: str) -> dict[str, Any]:
-        payload = {
+        return {
             "learner": self.run.learner.state_dict(),
             "trainer": self.trainer.state_dict(),
             "loop": self.run.loop.state_dict(),
@@ -238,12 +295,8 @@ class Checkpointer:
             "rng": rng_states(),
             "config": self.config,
             "stop_reason": reason,
+            **_replay_state(self.run, self.with_replay_buffer),
         }
-        buffer = self._replay_buffer()
-        if self.with_replay_buffer and buffer is not None:
-            payload["replay_buffer"] = buffer.state_dict()
-            payload["worker_env_steps"] = self.run.runner.env_steps
-        return payload
 
     def save_last(self, reason: str) -> None:
         payload = self.payload(reason)
@@ -259,7 +312,7 @@ class Checkpointer:
         evaluated_now = "eval/return_mean" in stats and "eval/snapshot_env_steps" not in stats
         if evaluated_now and stats["eval/return_mean"] == stats["eval/best_return_mean"]:
             save_checkpoint(self.directory / "best.pt", self.payload("best"))
-        if self.trainer.epoch % self.interval == 0:
+        if self._at_interval():
             self.save_actors()
             self.save_last("running")
 
@@ -278,7 +331,4 @@ class Checkpointer:
         if "loop" in state:  # (written since the loops keep state of their own)
             self.run.loop.load_state_dict(state["loop"])
         set_rng_states(state["rng"])
-        buffer = self._replay_buffer()
-        if buffer is not None and "replay_buffer" in state:
-            buffer.load_state_dict(state["replay_buffer"])
-            self.run.runner.env_steps = state["worker_env_steps"]
+        _restore_replay_state(self.run, state)

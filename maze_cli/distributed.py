@@ -26,8 +26,8 @@ import torch
 
 from maze_cli.errors import MazeCliError, first_line
 
-# What learner 0 says after each iteration.
-CONTINUE, EPOCH_END, STOP = 0, 1, 2
+# What learner 0 says after each iteration (SNAPSHOT: after an epoch's end, "send me your state for a checkpoint").
+CONTINUE, EPOCH_END, STOP, SNAPSHOT = 0, 1, 2, 3
 
 
 class LearnerFailure(MazeCliError, RuntimeError):
@@ -155,7 +155,7 @@ class LearnerGroup:
         return pooled_mean.view_as(mean), pooled_var.view_as(var), total
 
     def decide(self, code: int | None = None) -> int:
-        """Learner 0's decision (CONTINUE, EPOCH_END or STOP), sent to all: learner 0 passes it, the others receive it."""
+        """Learner 0's decision (CONTINUE, EPOCH_END, STOP or SNAPSHOT), sent to all: learner 0 passes it, the others receive it."""
         import torch.distributed as dist
 
         tensor = torch.tensor([code if self.is_main else -1], dtype=torch.int64, device=self._device)

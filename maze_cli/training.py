@@ -16,7 +16,7 @@ from typing import Any, Callable, Protocol, Sequence
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from maze_cli.distributed import CONTINUE, EPOCH_END, STOP, LearnerGroup
+from maze_cli.distributed import CONTINUE, EPOCH_END, SNAPSHOT, STOP, LearnerGroup
 from maze_cli.envs.info_stats import epoch_means, event_name
 from maze_cli.errors import ConfigError
 from maze_cli.evaluation import BackgroundEvaluation, Snapshot
@@ -123,6 +123,7 @@ class Trainer:
         callbacks: Any = None,
         background_eval: BackgroundEvaluation | None = None,
         on_best_snapshot: Callable[[Snapshot], None] | None = None,
+        before_others_go_on: Callable[[str | None], None] | None = None,
     ):
         self.loop = loop
         # evaluation of weight snapshots in a thread (eval.background): results join a later epoch's row, and a
@@ -138,6 +139,9 @@ class Trainer:
         self.evaluate = evaluate if eval_interval > 0 else None
         self.eval_schedule = EvalSchedule(eval_interval if evaluate is not None else 0, eval_interval_env_steps, eval_interval_s)
         self.on_epoch_end = on_epoch_end
+        # several learners: called at each epoch's end with its stop reason while the others still wait for
+        # learner 0's decision, the last moment at which their state is this epoch's (a checkpoint takes it)
+        self.before_others_go_on = before_others_go_on
         self.evaluate_first = evaluate_first  # a warm start: epoch 0 is the policy as loaded
         self.env_steps = 0
         self.epoch = 0
@@ -245,6 +249,8 @@ class Trainer:
                 reason = self._evaluate_into(stats, reason)
             reason = self._call_callbacks(stats, reason)
             if self.group is not None:
+                if self.before_others_go_on is not None:
+                    self.before_others_go_on(reason)
                 self.group.decide(STOP if reason else CONTINUE)
         except KeyboardInterrupt:
             if stats is None and self.env_steps > steps_before:
@@ -421,10 +427,11 @@ class Trainer:
         return {k: v for k, v in stats.items() if v is not None}
 
 
-def follow(loop: TrainingLoop, group: LearnerGroup) -> None:
+def follow(loop: TrainingLoop, group: LearnerGroup, checkpoint_state: Callable[[], Any] | None = None) -> None:
     """What a learner other than learner 0 does: iterate in step with it (gradients are averaged
     inside each update) until it says stop; at each epoch's end send it this epoch's episodes and
-    actor stats, which its row counts."""
+    actor stats, which its row counts, and, when it asks (SNAPSHOT: a checkpoint of a reproducible
+    run), this learner's `checkpoint_state()`."""
     while True:
         group.sum([loop.iteration()])
         decision = group.decide()
@@ -434,5 +441,8 @@ def follow(loop: TrainingLoop, group: LearnerGroup) -> None:
             stats.clear()
             loop.learner_stats.clear()  # learner 0's metrics stand for all: the weights are the same
             decision = group.decide()
+            if decision == SNAPSHOT:
+                group.gather_objects(None if checkpoint_state is None else checkpoint_state())
+                decision = group.decide()
         if decision == STOP:
             return

@@ -186,6 +186,18 @@ def test_a_resumed_run_is_the_run_that_never_stopped(tmp_path, runner):
         assert without_timings(read_stats(runs[2])) != without_timings(read_stats(runs[0]))
 
 
+def test_a_resumed_run_of_two_learners_is_the_run_that_never_stopped(tmp_path):
+    """learner.num_learners=2: learner 1's actors and RNG are saved with learner 0's and go on from there."""
+    two = [*RESUMED, "runner=subproc", "learner.num_learners=2"]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert run_train(*two, "max_env_steps=12288", run_dir=straight).returncode == 0
+    assert run_train(*two, "max_env_steps=8192", run_dir=stopped).returncode == 0
+    resumed = run_train(f"resume={stopped}", "max_env_steps=12288")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "the actors go on from their saved state" in resumed.stdout + resumed.stderr
+    same_run(straight, stopped)
+
+
 def test_sac_resumes_as_the_run_that_never_stopped_with_its_buffer_and_replay_ratio(tmp_path):
     sac = ["+env=pendulum", "algorithm=sac", "runner.reproducible=true", "seed=5", "epoch_length=8",
            "algorithm.initial_buffer_size=400", "algorithm.batch_size=64", "algorithm.replay_ratio=0.7",

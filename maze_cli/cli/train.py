@@ -182,15 +182,16 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
     trainer.callbacks = callbacks
     reproducible = bool(settings.runner.get("reproducible"))
     checkpointer = Checkpointer(run_dir / "checkpoints", run, trainer, config, t.checkpoint.interval, t.checkpoint.replay_buffer,
-                                actors_state=reproducible and group is None)
+                                actors_state=reproducible, group=group)
     trainer.on_epoch_end = checkpointer.on_epoch_end
     trainer.on_best_snapshot = checkpointer.save_best_snapshot
+    trainer.before_others_go_on = checkpointer.take_followers_state
     if t.resume:
         _restore(checkpointer, resumed_from, trainer, jsonl, tensorboard, run_dir)
         if reproducible:
-            _restore_actors(checkpointer, resumed_from, group)
-    if group is not None:  # every learner starts from learner 0's state: weights, optimizer, statistics
-        group.broadcast_object(run.learner.state_dict())
+            _restore_actors(checkpointer, resumed_from)
+    if group is not None:  # every learner starts from learner 0's state: weights, optimizer, statistics (and a resume's own)
+        group.broadcast_object({"learner": run.learner.state_dict(), "resume": checkpointer.followers_resume})
     log.info(f"run dir: {run_dir}")
     actors = getattr(run.runner, "actors", run.runner)  # workers with a buffer wrap their actors
     learners = "" if group is None else f" per learner, {group.world_size} learners"
@@ -306,10 +307,10 @@ def _restore(checkpointer, saved: dict, trainer, jsonl, tensorboard, run_dir: Pa
              + (f" (its last checkpoint; the {dropped} epoch rows written after it are trained again)" if dropped else ""))
 
 
-def _restore_actors(checkpointer, saved: dict, group) -> None:
-    """A reproducible run's resume: the actors go on from the state saved with last.pt, so that the run
-    is the one that never stopped; where they cannot, one line says from where it no longer is."""
-    why = "several learners' actors are not saved" if group is not None else checkpointer.restore_actors(saved)
+def _restore_actors(checkpointer, saved: dict) -> None:
+    """A reproducible run's resume: the actors (every learner's) go on from the state saved with last.pt,
+    so that the run is the one that never stopped; where they cannot, one line says from where it no longer is."""
+    why = checkpointer.restore_actors(saved)
     if why is None:
         log.info("runner.reproducible: the actors go on from their saved state; the run goes on as the one that never stopped")
     else:

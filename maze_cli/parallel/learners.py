@@ -3,7 +3,8 @@
 Learner 0 is the `train` process itself. It starts learners 1..N-1 with the run's resolved config;
 each builds its own run from it (its share of the actors, seeds of its own), joins the group at
 learner 0's rendezvous store, takes learner 0's learner state (weights, optimizer moments,
-statistics: a fresh start, a resume and a warm start alike) and then follows (`training.follow`).
+statistics: a fresh start, a resume and a warm start alike; a reproducible run's resume also hands each
+learner its own saved actors and RNG) and then follows (`training.follow`).
 
 Whatever ends a run, learner 0 stops the others on its way out (`stop`), so no learner outlives it;
 they stop their own actors as they go. A learner that fails reports why before it exits, so the one
@@ -70,6 +71,7 @@ def prepare_learner(task: LearnerTask) -> PreparedLearner:
 def follow_learner(prepared: PreparedLearner) -> None:
     """Learner `rank` > 0, second part: join the group, build its run (its share of the actors), take
     learner 0's state and follow learner 0 until it says stop."""
+    from maze_cli.checkpoint import follower_state, restore_follower_state
     from maze_cli.cli.build import build_run, trusted_targets
     from maze_cli.distributed import LearnerGroup
     from maze_cli.training import follow
@@ -78,10 +80,13 @@ def follow_learner(prepared: PreparedLearner) -> None:
     group = LearnerGroup(task.group)
     try:
         run = build_run(settings, *prepared.env, trusted_targets(task.config), settings.train.trust_checkpoint, group)
-        run.learner.load_state_dict(group.broadcast_object())
+        start = group.broadcast_object()
+        run.learner.load_state_dict(start["learner"])
+        if start["resume"] is not None:  # a reproducible run's resume: this learner's actors go on as they were
+            restore_follower_state(run, start["resume"][task.group.rank - 1])
         with run.runner:
             run.runner.broadcast_updated_policy(run.learner.policy.state_dict())
-            follow(run.loop, group)
+            follow(run.loop, group, lambda: follower_state(run, settings.train.checkpoint.replay_buffer))
     finally:
         group.close()
 
