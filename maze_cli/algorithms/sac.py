@@ -140,7 +140,7 @@ class Sac(SacConfig, Algorithm):
     # actor the envs' episodes (what a training window judges) end sooner after the policy improves, and the
     # suite's Box-action and Dict tasks learned as fast or faster than with 8 (benchmarks/SUITE.md)
     envs_per_actor = 2
-    epoch_length = 16  # an iteration is 16 gradient steps: an epoch of 256 (about 0.7 s on Pendulum, 2 cores)
+    epoch_length = 16  # an iteration is 16 gradient steps, an epoch 256 of them (Algorithm.epoch_length says why)
     network_defaults = {"activation": "relu"}
 
     def build(self, parts: Components) -> Run:
