@@ -34,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from machine import machine_line  # noqa: E402
 from runs import publish, run_train  # noqa: E402
+from scores import iqm_with_interval  # noqa: E402
 
 RESULTS = HERE / "results" / "mujoco.jsonl"
 EVAL_EVERY = 10_000
@@ -158,18 +159,6 @@ def sb3_curve(algorithm: str, env_id: str, seed: int, max_env_steps: int, minute
 
     model.learn(total_timesteps=max_env_steps if not minutes else 100_000_000, callback=Cadence())
     return curve, time.perf_counter() - start
-
-
-def iqm_with_interval(values: list[float]) -> tuple[float, float, float, float, float]:
-    """Mean and IQM, each with its 95% stratified-bootstrap interval (rliable), over one env's seeds."""
-    from rliable import library as rly
-    from rliable import metrics
-
-    scores = {"x": np.asarray(values, dtype=float).reshape(-1, 1)}
-    aggregate = lambda x: np.array([metrics.aggregate_mean(x), metrics.aggregate_iqm(x)])  # noqa: E731
-    point, interval = rly.get_interval_estimates(scores, aggregate, reps=5000)
-    (mean, iqm), ((mean_lo, iqm_lo), (mean_hi, iqm_hi)) = point["x"], interval["x"]
-    return mean, iqm, iqm_lo, iqm_hi, (mean_lo, mean_hi)
 
 
 def final(record: dict, max_steps: int | None) -> float:

@@ -12,7 +12,8 @@
 2. `speed`: the steady env steps/s (median over the epochs after the first two) of the same config in both
    modes, runs alternating, `--rounds` of each: CartPole, MinAtar Breakout, Atari Pong.
 3. `spread`: MinAtar Breakout for `--minutes` per seed in both modes, alternating by seed: the mean of the
-   last 3 evaluations per seed, and the spread between seeds.
+   last 3 evaluations per seed, the spread between seeds, mean and IQM with 95% bootstrap intervals
+   (rliable, extra `bench`), and the rollouts' mean policy lag.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 import yaml
 from machine import machine_line
 from runs import TrainRun, publish, run_train
+from scores import iqm_with_interval
 
 from maze_cli.stats import same_run
 
@@ -94,21 +96,30 @@ def speed(workdir: Path, rounds: int, tasks: list[str]) -> list[str]:
 
 
 def spread(workdir: Path, seeds: list[int], minutes: float) -> list[str]:
-    lines = ["| mode | mean of the last 3 evaluations, per seed | mean | min-max | env steps (median) |", "|---|---|---:|---|---:|"]
-    results: dict[bool, list[tuple[float, int]]] = {False: [], True: []}
+    lines = ["| mode | mean of the last 3 evaluations, per seed | mean [95% CI] | IQM [95% CI] | min-max | env steps (median) | "
+             "policy lag (mean) |", "|---|---|---|---|---|---:|---:|"]
+    results: dict[bool, list[tuple[float, int, float]]] = {False: [], True: []}
     for seed in seeds:
         for reproducible in (False, True):
             run = run_train(["+env=minatar", f"seed={seed}", f"max_time_s={minutes * 60:g}", "target_return=null",
                              f"runner.reproducible={str(reproducible).lower()}"], workdir / f"breakout-{seed}-{reproducible}",
                             timeout_s=minutes * 60 + 600)
             evals = [row["eval/return_mean"] for row in run.rows if "eval/return_mean" in row]
-            results[reproducible].append((statistics.fmean(evals[-3:]), run.rows[-1]["env_steps"]))
+            lag = statistics.fmean(row["policy_lag_mean"] for row in run.rows if "policy_lag_mean" in row)
+            results[reproducible].append((statistics.fmean(evals[-3:]), run.rows[-1]["env_steps"], lag))
             print(seed, reproducible, results[reproducible][-1], flush=True)
     for reproducible, values in results.items():
-        scores = [v for v, _ in values]
-        lines.append(f"| {'reproducible' if reproducible else 'asynchronous'} | {', '.join(f'{v:.1f}' for v in scores)} | "
-                     f"{statistics.fmean(scores):.1f} | {min(scores):.1f}-{max(scores):.1f} | {statistics.median(s for _, s in values):,.0f} |")
+        lines.append(spread_line("reproducible" if reproducible else "asynchronous", values))
     return lines
+
+
+def spread_line(mode: str, values: list[tuple[float, int, float]]) -> str:
+    """One mode's row: every seed's score (mean of its last 3 evaluations), mean and IQM with 95% intervals."""
+    scores = [v for v, _, _ in values]
+    mean, iqm, iqm_lo, iqm_hi, (mean_lo, mean_hi) = iqm_with_interval(scores)
+    return (f"| {mode} | {', '.join(f'{v:.1f}' for v in scores)} | {mean:.1f} [{mean_lo:.1f}, {mean_hi:.1f}] | "
+            f"{iqm:.1f} [{iqm_lo:.1f}, {iqm_hi:.1f}] | {min(scores):.1f}-{max(scores):.1f} | "
+            f"{statistics.median(s for _, s, _ in values):,.0f} | {statistics.fmean(lag for _, _, lag in values):.2f} |")
 
 
 def main() -> None:
