@@ -4,11 +4,16 @@ Each case builds a learner from a seeded policy and one batch made from a seeded
 one update and reports what that update produced: the losses and metrics, each parameter's gradient
 and each parameter after the step. `tests/data/learner_golden.pt` holds what the updates written
 before the shared learner (maze_cli.learner) produced for the same cases; the learner must give the
-same in fp32, within float tolerance.
+same in fp32, within float tolerance. A refactor must leave it as it is; a change meant to change an
+update (a new loss term, a fixed bug) writes it anew, once nothing else is shown to move:
+
+    python -m tests.learner_cases --write
 """
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
 from typing import Any, Callable
 
 import gymnasium as gym
@@ -18,6 +23,7 @@ import torch
 from maze_cli.envs.spaces import action_spec, observation_specs
 from maze_cli.records import Rollout, RolloutSpec, Transitions
 
+GOLDEN = Path(__file__).parent / "data" / "learner_golden.pt"
 CARTPOLE = (gym.spaces.Box(-5.0, 5.0, (4,)), gym.spaces.Discrete(2))
 PENDULUM = (gym.spaces.Box(-8.0, 8.0, (3,)), gym.spaces.Box(-2.0, 2.0, (1,)))
 T, B = 8, 6
@@ -133,3 +139,24 @@ def run_case(name: str, update: Callable[[Any, Any], dict[str, float]]) -> dict[
     if hasattr(learner, "log_alpha"):
         out["params"]["log_alpha"] = learner.log_alpha.detach().clone()
     return out
+
+
+def update(learner, batch) -> dict:
+    """One update's stats, whatever the learner returns with them (SAC: also the TD errors)."""
+    out = learner.update(batch)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def write_golden(path: Path = GOLDEN) -> None:
+    """Every case's update as the code makes it now, for the equivalence test to hold it to."""
+    torch.save({name: run_case(name, update) for name in sorted(CASES)}, path)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Write the reference updates of tests/test_learner.py.")
+    parser.add_argument("--write", action="store_true", help="write them (without it, nothing is written)")
+    parser.add_argument("--path", type=Path, default=GOLDEN)
+    args = parser.parse_args()
+    if args.write:
+        write_golden(args.path)
+        print(f"wrote {args.path}")

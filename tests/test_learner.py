@@ -3,20 +3,12 @@ update each algorithm wrote for itself before, and its options behave as documen
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests import learner_cases
-from tests.learner_cases import CASES, run_case
-
-GOLDEN = Path(__file__).parent / "data" / "learner_golden.pt"
-
-
-def _update(learner, batch) -> dict:
-    out = learner.update(batch)
-    return out[0] if isinstance(out, tuple) else out
+from tests.learner_cases import CASES, GOLDEN, run_case, update
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -25,7 +17,7 @@ def test_each_update_in_fp32_equals_the_update_before_the_shared_learner(case):
     each algorithm's own update produced on the same batch (tests/data/learner_golden.pt, written by
     the code before maze_cli.learner existed, from tests/learner_cases.py)."""
     golden = torch.load(GOLDEN, weights_only=True)[case]
-    now = run_case(case, _update)
+    now = run_case(case, update)
     assert sorted(now["stats"]) == sorted(golden["stats"])
     for key, value in golden["stats"].items():
         torch.testing.assert_close(now["stats"][key], value, rtol=1e-5, atol=1e-6, equal_nan=True, msg=f"{case}: {key}")
@@ -114,7 +106,7 @@ def test_metrics_recorded_as_tensors_are_read_back_once_in_the_order_recorded():
 
 def test_a_non_finite_loss_is_caught_before_the_weights_are_published():
     from maze_cli.learner import Learner
-    from maze_cli.training import NonFiniteLoss
+    from maze_cli.errors import NonFiniteLoss
 
     learner = Learner()
     learner.watch({"critic_loss": torch.tensor(1.0), "policy_loss": torch.tensor(float("nan"))})
