@@ -20,7 +20,7 @@ import re
 import uuid
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -30,7 +30,8 @@ from maze_cli.distributed import SNAPSHOT
 from maze_cli.errors import CheckpointError, first_line
 
 FORMAT = "maze_cli.checkpoint"
-VERSION = 2  # 1: the pickled format of maze_cli 0.1 (objects, not data); 2: plain data
+VERSION = 3  # 1: the pickled format of maze_cli 0.1 (objects, not data); 2: plain data; 3: one learner layout
+READABLE = (2, 3)  # format 2 is read as 3 (`upgraded_learner_state`)
 _saves = itertools.count()  # a temp file name for each save of this process
 
 
@@ -85,12 +86,32 @@ def load_checkpoint(path: Path | str, trust: bool = False, where: str | None = N
                               f"train again with this version")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{where}: not a maze_cli checkpoint (a torch file without maze_cli's format marker)")
-    if payload.get("version") != VERSION:
+    if payload.get("version") not in READABLE:
         raise CheckpointError(
-            f"{where}: checkpoint format {payload.get('version')}, but this maze_cli reads format {VERSION}; "
-            f"use the maze_cli version that wrote it"
+            f"{where}: checkpoint format {payload.get('version')}, but this maze_cli reads formats "
+            f"{', '.join(map(str, READABLE))}; use the maze_cli version that wrote it"
         )
+    if isinstance(payload.get("learner"), dict):
+        payload["learner"] = upgraded_learner_state(payload["learner"])
+    payload["version"] = VERSION
     return payload
+
+
+def upgraded_learner_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A learner state of checkpoint format 2 (each algorithm its own layout) in today's layout;
+    today's is returned as it is."""
+    if "modules" in state:
+        return dict(state)
+    if "optimizer" in state:  # IMPALA, APPO, PPO: one group, "policy"; the reward scaler's statistics
+        extra = {"reward_scaler": state["reward_scaler"]} if "reward_scaler" in state else {}
+        return {"policy": state["policy"], "modules": {}, "optimizers": {"policy": state["optimizer"]},
+                "updates": state["updates"], "env_steps": state.get("env_steps", 0), "algorithm": extra}
+    # SAC: critics, their targets and the temperature beside the policy
+    return {"policy": state["policy"],
+            "modules": {"critic": state["critic"], "critic_target": state["critic_target"],
+                        "temperature": {"log_alpha": state["log_alpha"]}},
+            "optimizers": state["optimizers"], "updates": state["updates"], "env_steps": 0, "algorithm": {}}
+
 
 
 def _unreadable_message(where: str, err: Exception) -> str:
@@ -184,7 +205,7 @@ def follower_state(run, with_replay_buffer: bool) -> dict[str, Any] | None:
 def restore_follower_state(run, state: dict[str, Any]) -> None:
     """Before its actors start: a learner beside learner 0 goes on from its `follower_state`."""
     run.runner.restore_checkpoint_state(state["actors"])
-    run.learner.load_state_dict(state["learner"])
+    run.learner.load_state_dict(upgraded_learner_state(state["learner"]))
     run.loop.load_state_dict(state["loop"])
     _restore_replay_state(run, state)
     set_rng_states(state["rng"])

@@ -1,7 +1,8 @@
 """The learner: what every algorithm's update has in common, written once.
 
-An algorithm brings its losses (the math, beside the paper's equations) as a function of a batch's
-tensors that returns named losses and metrics. The `Learner` owns everything else an update does:
+An algorithm brings its losses (the math, beside the paper's equations) as an `Objective`
+(maze_cli/algorithms/contract.py): its modules, its optimizer groups and the steps of a batch, each
+a set of named losses with metrics. The `Learner` owns everything else an update does:
 
 - the optimizers and their state, one per named group of parameters (IMPALA and PPO: one; SAC:
   critics, actor and temperature), and gradient clipping per group;
@@ -14,7 +15,9 @@ tensors that returns named losses and metrics. The `Learner` owns everything els
   reduced once per epoch, so no minibatch waits for the host to read a number back. The one sync
   left is a finiteness check of the iteration's losses before its weights are published;
 - with several learners (`learner.num_learners`), the averaging of every gradient over them
-  (maze_cli/distributed.py), so that an algorithm's update is the same code for one learner or N.
+  (maze_cli/distributed.py), so that an algorithm's update is the same code for one learner or N;
+- the update itself: the lr schedule, the steps an objective asks for, the counters of updates and
+  consumed env steps, and the learner's state in checkpoints, in one format for every algorithm.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 from torch import nn
 
+from maze_cli.algorithms.contract import Objective, Step
 from maze_cli.algorithms.optim import Adam
 from maze_cli.distributed import LearnerGroup
 from maze_cli.errors import ConfigError, NonFiniteLoss
@@ -53,20 +57,27 @@ class ParameterGroup:
     optimizer: Adam
     params: list[nn.Parameter]
     max_grad_norm: float | None = None
+    loss: str = "loss"  # the name of its loss among the metrics
+    lr: float = 0.0  # the lr the schedule starts from
+    anneal: bool = False  # the lr falls linearly to 0 over the run's budget
 
 
 class Learner:
-    """Optimizers, precision, compilation, device, timings and metrics of one learner.
+    """Runs an algorithm's `Objective`: optimizers, schedules, counters, precision, compilation,
+    device, timings, metrics and checkpoint state of one learner.
 
+    :param objective: the algorithm's update (None: a learner whose groups and losses are added by hand).
     :param device: where the learner's modules live and its batches are moved to.
     :param precision: fp32, bf16 (autocast; CPU and CUDA) or fp16 (autocast and a gradient scaler; CUDA).
-    :param compile: compile the loss functions the algorithm registers (`loss_function`).
+    :param compile: compile the objective's loss functions (its `compiled` methods).
     :param compile_mode: torch.compile's mode (default, reduce-overhead: CUDA graphs, max-autotune).
     :param group: this learner's place among several data-parallel learners (None: the only learner).
+    :param max_env_steps: the run's budget, over which annealed lrs fall to 0.
     """
 
-    def __init__(self, device: str | torch.device = "cpu", precision: str = "fp32", compile: bool = False,
-                 compile_mode: str = "default", group: LearnerGroup | None = None):
+    def __init__(self, objective: Objective | None = None, device: str | torch.device = "cpu", precision: str = "fp32",
+                 compile: bool = False, compile_mode: str = "default", group: LearnerGroup | None = None,
+                 max_env_steps: int | None = None):
         if precision not in PRECISIONS and precision != "auto":
             raise ValueError(f"precision={precision}: must be auto or one of {', '.join(PRECISIONS)}")
         self.device = torch.device(device)
@@ -81,6 +92,28 @@ class Learner:
         self.group = group
         if group is not None:
             group.use_device(self.device)
+        self.max_env_steps = max_env_steps
+        self.updates = 0  # updates made (what `Step.ends_update` marks)
+        self.env_steps = 0  # env steps consumed by every learner together, for the schedules
+        self.objective = objective
+        if objective is not None:
+            self._take(objective)
+
+    def _take(self, objective: Objective) -> None:
+        """Move the objective's modules here, build its optimizers, wrap its loss functions."""
+        objective.learner = self
+        for module in objective.modules().values():
+            module.to(self.device)
+        for name, spec in objective.optimizer_groups().items():
+            self.add_optimizer(name, spec.params, spec.lr, spec.eps, spec.max_grad_norm)
+            self.groups[name].loss, self.groups[name].anneal = spec.loss, spec.anneal
+        for name in objective.compiled:
+            setattr(objective, name, self.loss_function(getattr(objective, name), f"{objective.title} ({name})"))
+
+    @property
+    def policy(self) -> nn.Module:
+        """The policy the actors act with (the objective's)."""
+        return self.objective.policy
 
     @property
     def pool(self):
@@ -92,13 +125,47 @@ class Learner:
         """How many learners train together (each on its own batches)."""
         return 1 if self.group is None else self.group.world_size
 
+    def progress_left(self) -> float:
+        """1 at the start of the budget, 0 at its end (what an annealed lr, and PPO's clip, are scaled by)."""
+        if not self.max_env_steps:
+            return 1.0
+        return max(0.0, 1.0 - self.env_steps / self.max_env_steps)
+
+    # -- an update ----------------------------------------------------------------------------------
+    def update(self, batch: Any) -> dict[str, Any]:
+        """The objective's steps on one batch, counted, checked and recorded; returns the batch's
+        metrics (tensors, also recorded for the epoch's row)."""
+        self._schedule_lr()
+        steps = [self._take_step(step) for step in self.objective.steps(batch)]
+        self.env_steps += self.objective.env_steps(batch) * self.world_size
+        summary = self.objective.summary(batch, steps)
+        self.record(summary)
+        return summary
+
+    def _take_step(self, step: Step) -> dict[str, Any]:
+        norms = self.step(step.losses, step.samples)
+        self.watch({self.groups[name].loss: loss for name, loss in step.losses.items()})
+        metrics = dict(step.metrics)
+        for name, norm in norms.items():
+            metrics["grad_norm" if len(norms) == 1 else f"grad_norm/{name}"] = norm
+        if step.ends_update:
+            self.updates += 1
+            self.objective.after_update()
+        return metrics
+
+    def _schedule_lr(self) -> None:
+        """The lr of the next gradient steps: each group's configured lr (also after an optimizer state
+        from a checkpoint brought its own), falling linearly to 0 over the budget where it anneals."""
+        for group in self.groups.values():
+            group.optimizer.param_groups[0]["lr"] = group.lr * self.progress_left() if group.anneal else group.lr
+
     # -- setting up ---------------------------------------------------------------------------------
     def add_optimizer(self, name: str, params: Iterable[nn.Parameter], lr: float, eps: float = 1e-8,
                       max_grad_norm: float | None = None) -> Adam:
         """Adam over `params`, stepped by `step({name: loss})`."""
         params = [p for p in params if p.requires_grad]
         optimizer = Adam(params, lr=lr, eps=eps)
-        self.groups[name] = ParameterGroup(optimizer, params, max_grad_norm)
+        self.groups[name] = ParameterGroup(optimizer, params, max_grad_norm, lr=lr)
         return optimizer
 
     def loss_function(self, fn: Callable, name: str) -> Callable:
@@ -199,6 +266,39 @@ class Learner:
         return timings
 
     # -- checkpoints --------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Every algorithm's learner state in one format: the policy's weights, the other modules',
+        each optimizer group's Adam, the counters and the objective's own state."""
+        modules = self.objective.modules()
+        return {
+            "policy": modules["policy"].state_dict(),
+            "modules": {name: module.state_dict() for name, module in modules.items() if name != "policy"},
+            "optimizers": self.optimizer_state(),
+            "updates": self.updates,
+            "env_steps": self.env_steps,
+            "algorithm": self.objective.extra_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Go on from `state` (resume): everything `state_dict` holds."""
+        self.policy.load_state_dict(state["policy"])
+        self.load_training_state(state)
+        self.updates = state["updates"]
+        self.env_steps = state["env_steps"]
+        self.objective.load_extra_state(state["algorithm"])
+
+    def load_training_state(self, state: Mapping[str, Any]) -> None:
+        """What the optimizers' state belongs to: the modules besides the policy (critics, their
+        targets) and the optimizers (resume, and warm start with `init_from.optimizer=true`)."""
+        modules = self.objective.modules()
+        for name, saved in state["modules"].items():
+            modules[name].load_state_dict(saved)
+        self.load_optimizer_state(state["optimizers"])
+
+    def load_normalizer_state(self, state: Mapping[str, Any]) -> None:
+        """Warm start with `init_from.normalizer=true`: the objective's statistics (the reward scale)."""
+        self.objective.load_normalizer_state(state["algorithm"])
+
     def optimizer_state(self) -> dict[str, Any]:
         return {name: group.optimizer.state_dict() for name, group in self.groups.items()}
 

@@ -16,12 +16,13 @@ from torch import nn
 
 from maze_cli.checkpoint import load_checkpoint, policy_from_payload
 from maze_cli.errors import ConfigError, first_line
+from maze_cli.learner import Learner
 from maze_cli.policies.blueprint import check_spaces
 
 NORMALIZER_PREFIX = "obs_normalizer."  # the observation statistics inside an actor-critic's state
 
 
-def warm_start(learner: Any, path: str, optimizer: bool = False, normalizer: bool = False,
+def warm_start(learner: Learner, path: str, optimizer: bool = False, normalizer: bool = False,
                trusted: Iterable[str] = (), trust: bool = False) -> dict[str, Any]:
     """Load the checkpoint at `path` into `learner` (its policy, and what was asked); return the
     checkpoint's payload. A file that cannot be used is one CheckpointError; a mismatch one ConfigError
@@ -35,14 +36,14 @@ def warm_start(learner: Any, path: str, optimizer: bool = False, normalizer: boo
     learner_state = payload["learner"]
     if optimizer:
         try:
-            learner.load_optimizer_state(learner_state)
+            learner.load_training_state(learner_state)
         except (KeyError, ValueError, RuntimeError) as err:
             written_by = (payload.get("config") or {}).get("algorithm", {}).get("_target_", "another algorithm")
             raise ConfigError(f"{where}: init_from.optimizer=true, but the checkpoint's optimizer state (written by "
                               f"{written_by}) does not fit this run's learner ({first_line(err) or type(err).__name__}); "
                               f"leave init_from.optimizer=false to take the policy only") from None
-    if normalizer and getattr(learner, "reward_scaler", None) is not None and "reward_scaler" in learner_state:
-        learner.reward_scaler.load_state_dict(learner_state["reward_scaler"])
+    if normalizer:
+        learner.load_normalizer_state(learner_state)
     return payload
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from maze_cli.envs.spaces import action_spec, observation_specs
+from maze_cli.learner import Learner
 from maze_cli.records import Rollout, RolloutSpec, Transitions
 
 GOLDEN = Path(__file__).parent / "data" / "learner_golden.pt"
@@ -73,7 +74,7 @@ def transitions(spaces: tuple[gym.Space, gym.Space], n: int = 32):
     return SampledBatch(tr, np.arange(n), torch.rand(n, generator=g) + 0.5, 1)
 
 
-def _actor_critic_case(algorithm: str, spaces, core: str = "identity", shared: bool = False, **hp: Any):
+def _actor_critic_case(algorithm: str, spaces, core: str = "identity", shared: bool = False, options: dict | None = None, **hp: Any):
     from maze_cli.policies import ActorCritic, mlp_network
 
     normalize = isinstance(spaces[1], gym.spaces.Box)
@@ -81,15 +82,16 @@ def _actor_critic_case(algorithm: str, spaces, core: str = "identity", shared: b
     network = {**mlp_network((16, 16), "tanh"), "core": core, "core_size": 8 if core != "identity" else None}
     policy = ActorCritic(*spaces, network, shared_network=shared, normalize_obs=normalize)
     if algorithm == "impala":
-        from maze_cli.algorithms.impala import Impala, ImpalaLearner
+        from maze_cli.algorithms.impala import Impala, ImpalaObjective
 
         hp = {"normalize_advantage": False, **hp}  # the golden updates were written before the option existed
-        learner = ImpalaLearner(policy, Impala(**hp), "cpu", normalize)
+        learner = Learner(ImpalaObjective(policy, Impala(**hp), normalize), "cpu", **(options or {}))
     else:
-        from maze_cli.algorithms.ppo import Appo, Ppo, PpoLearner
+        from maze_cli.algorithms.ppo import Appo, Ppo, PpoObjective
 
         config = Appo(**hp) if algorithm == "appo" else Ppo(**hp)
-        learner = PpoLearner(policy, config, "cpu", normalize, vtrace_targets=algorithm == "appo", max_env_steps=10_000)
+        objective = PpoObjective(policy, config, normalize, vtrace_targets=algorithm == "appo")
+        learner = Learner(objective, "cpu", max_env_steps=10_000, **(options or {}))
     state_specs = tuple(_state_spec(s) for s in policy.initial_state(1))
     return learner, rollout(spaces, state_specs), {"policy": learner.policy}
 
@@ -100,26 +102,28 @@ def _state_spec(tensor: torch.Tensor):
     return TensorSpec(tuple(tensor.shape[1:]), tensor.dtype)
 
 
-def _sac_case(spaces):
-    from maze_cli.algorithms.sac import Sac, SacLearner, SacPolicy
+def _sac_case(spaces, options: dict | None = None):
+    from maze_cli.algorithms.sac import Sac, SacObjective, SacPolicy
     from maze_cli.policies import mlp_network
 
     torch.manual_seed(11)
     network = mlp_network((16, 16), "relu")
-    learner = SacLearner(SacPolicy(*spaces, network), Sac(), network)
-    return learner, transitions(spaces), {"policy": learner.policy, "critic": learner.critic}
+    learner = Learner(SacObjective(SacPolicy(*spaces, network), Sac(), network), **(options or {}))
+    return learner, transitions(spaces), {"policy": learner.policy, "critic": learner.objective.critic}
 
 
-CASES: dict[str, Callable[[], tuple[Any, Any, dict[str, torch.nn.Module]]]] = {
-    "impala_cartpole": lambda: _actor_critic_case("impala", CARTPOLE),
-    "impala_pendulum": lambda: _actor_critic_case("impala", PENDULUM),
-    "impala_lstm_shared": lambda: _actor_critic_case("impala", CARTPOLE, core="lstm", shared=True),
-    "ppo_cartpole": lambda: _actor_critic_case("ppo", CARTPOLE, n_epochs=2, n_minibatches=3, clip_value=0.2, entropy_coef=0.01),
-    "ppo_pendulum_annealed": lambda: _actor_critic_case("ppo", PENDULUM, n_epochs=2, n_minibatches=2, anneal_lr=True, anneal_clip=True),
-    "ppo_gru": lambda: _actor_critic_case("ppo", CARTPOLE, core="gru", n_epochs=2, n_minibatches=2),
-    "appo_cartpole": lambda: _actor_critic_case("appo", CARTPOLE, n_epochs=2, n_minibatches=2),
-    "sac_pendulum": lambda: _sac_case(PENDULUM),
-    "sac_discrete": lambda: _sac_case(CARTPOLE),
+CASES: dict[str, Callable[..., tuple[Any, Any, dict[str, torch.nn.Module]]]] = {  # each takes the learner's options
+    "impala_cartpole": lambda **o: _actor_critic_case("impala", CARTPOLE, options=o),
+    "impala_pendulum": lambda **o: _actor_critic_case("impala", PENDULUM, options=o),
+    "impala_lstm_shared": lambda **o: _actor_critic_case("impala", CARTPOLE, core="lstm", shared=True, options=o),
+    "ppo_cartpole": lambda **o: _actor_critic_case("ppo", CARTPOLE, n_epochs=2, n_minibatches=3, clip_value=0.2, entropy_coef=0.01,
+                                                   options=o),
+    "ppo_pendulum_annealed": lambda **o: _actor_critic_case("ppo", PENDULUM, n_epochs=2, n_minibatches=2, anneal_lr=True,
+                                                            anneal_clip=True, options=o),
+    "ppo_gru": lambda **o: _actor_critic_case("ppo", CARTPOLE, core="gru", n_epochs=2, n_minibatches=2, options=o),
+    "appo_cartpole": lambda **o: _actor_critic_case("appo", CARTPOLE, n_epochs=2, n_minibatches=2, options=o),
+    "sac_pendulum": lambda **o: _sac_case(PENDULUM, o),
+    "sac_discrete": lambda **o: _sac_case(CARTPOLE, o),
 }
 
 
@@ -136,15 +140,14 @@ def run_case(name: str, update: Callable[[Any, Any], dict[str, float]]) -> dict[
             out["params"][f"{prefix}.{pname}"] = p.detach().clone()
             if p.grad is not None:
                 out["grads"][f"{prefix}.{pname}"] = p.grad.detach().clone()
-    if hasattr(learner, "log_alpha"):
-        out["params"]["log_alpha"] = learner.log_alpha.detach().clone()
+    if hasattr(learner.objective, "log_alpha"):
+        out["params"]["log_alpha"] = learner.objective.log_alpha.detach().clone()
     return out
 
 
 def update(learner, batch) -> dict:
-    """One update's stats, whatever the learner returns with them (SAC: also the TD errors)."""
-    out = learner.update(batch)
-    return out[0] if isinstance(out, tuple) else out
+    """One update's stats."""
+    return learner.update(batch)
 
 
 def write_golden(path: Path = GOLDEN) -> None:

@@ -173,7 +173,7 @@ def test_a_restored_run_has_bit_identical_learner_state_and_continues_its_rng_st
     assert torch.equal(torch.rand(4), expected_draws)
     for name, tensor in run.learner.policy.state_dict().items():
         assert torch.equal(fresh.learner.policy.state_dict()[name], tensor)
-    saved_opt, restored_opt = run.learner.optimizer.state_dict(), fresh.learner.optimizer.state_dict()
+    saved_opt, restored_opt = run.learner.optimizer_state()["policy"], fresh.learner.optimizer_state()["policy"]
     for key, state in saved_opt["state"].items():
         assert all(torch.equal(state[k], restored_opt["state"][key][k]) for k in state)
     assert (fresh_trainer.epoch, fresh_trainer.env_steps, fresh.learner.updates) == (trainer.epoch, trainer.env_steps, run.learner.updates)
@@ -231,3 +231,36 @@ def test_a_save_interrupted_inside_torch_save_leaves_the_next_save_whole(tmp_pat
     saved = load_checkpoint(path)
     assert saved["stop_reason"] == "interrupted" and saved["steps"].tolist() == list(range(1000))
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+FORMAT_2 = {  # written by the maze_cli before one learner layout (commit ad9dbef): each algorithm its own
+    "impala": (REPO / "tests" / "data" / "format2_impala_cartpole.pt", ["+env=cartpole"]),
+    "sac": (REPO / "tests" / "data" / "format2_sac_pendulum.pt", ["+env=pendulum", "algorithm=sac"]),
+}
+
+
+@pytest.mark.parametrize("algorithm", sorted(FORMAT_2))
+def test_a_checkpoint_of_format_2_is_read_in_todays_layout_and_warm_starts_a_run(tmp_path, algorithm):
+    """Checkpoint format 2 (before every algorithm's learner state had one layout) loads as format 3:
+    its optimizers, other modules and statistics where today's learner keeps them, so that a new run
+    takes its policy, optimizer and normalizer state (`init_from.optimizer=true`, `init_from.normalizer=true`)."""
+    path, env = FORMAT_2[algorithm]
+    raw = torch.load(path, weights_only=True)
+    assert raw["version"] == 2
+    payload = load_checkpoint(path)
+    learner = payload["learner"]
+    assert payload["version"] == VERSION == 3
+    assert set(learner) == {"policy", "modules", "optimizers", "updates", "env_steps", "algorithm"}
+    if algorithm == "impala":
+        saved, moved = raw["learner"]["optimizer"]["state"][0], learner["optimizers"]["policy"]["state"][0]
+        assert torch.equal(moved["exp_avg"], saved["exp_avg"])
+        assert set(learner["algorithm"]) == {"reward_scaler"}
+    else:
+        assert set(learner["modules"]) == {"critic", "critic_target", "temperature"}
+        assert torch.equal(learner["modules"]["temperature"]["log_alpha"], raw["learner"]["log_alpha"])
+    run_dir = tmp_path / "run"
+    result = run_train(*env, "runner=sequential", "max_env_steps=400", "eval.interval=0", "policy.hidden_sizes=[16,16]",
+                       "algorithm.initial_buffer_size=100" if algorithm == "sac" else "epoch_length=2",
+                       f"init_from={path}", "init_from.optimizer=true", "init_from.normalizer=true", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["learner"]["updates"] > 0

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from maze_cli.algorithms.impala import Impala, ImpalaLearner
+from maze_cli.algorithms.impala import Impala, ImpalaObjective
+from maze_cli.learner import Learner
 from maze_cli.envs import EnvFactory
 from maze_cli.envs.batch import EnvList, VectorEnvBatch, make_env_batch
 from maze_cli.buffers import UniformReplayBuffer
@@ -64,7 +65,7 @@ def test_the_learner_ignores_what_happens_in_autoreset_steps():
     def loss_with(garbage: float) -> float:
         torch.manual_seed(0)
         policy = ActorCritic(env.observation_space, env.action_space, mlp_network((8,)))
-        learner = ImpalaLearner(policy, Impala(lr=0.0))
+        learner = Learner(ImpalaObjective(policy, Impala(lr=0.0)))
         altered = batch.map(lambda t: t.clone())
         altered.actions[batch.autoreset] = int(garbage) % 2
         altered.rewards[batch.autoreset] = garbage

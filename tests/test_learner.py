@@ -34,8 +34,7 @@ def test_a_bf16_update_stays_close_to_the_fp32_one_and_keeps_the_loss_math_in_fp
 
     results = {}
     for precision in ("fp32", "bf16"):
-        learner, batch, _ = CASES["impala_cartpole"]()
-        learner.precision = precision
+        learner, batch, _ = CASES["impala_cartpole"](precision=precision)
         metrics = learner.update(batch)
         assert metrics["loss"].dtype == torch.float32
         assert all(p.dtype == torch.float32 for p in learner.policy.parameters())
@@ -139,9 +138,7 @@ def test_a_compiled_loss_equals_the_eager_one_and_compiles_once_for_every_batch(
 
     for case in ("impala_cartpole", "ppo_pendulum_annealed"):
         eager, batch, _ = CASES[case]()
-        compiled, _, _ = CASES[case]()
-        compiled.compile = True
-        compiled.forward_loss = compiled.loss_function(compiled.loss, "test")
+        compiled, _, _ = CASES[case](compile=True)
         for learner in (eager, compiled):
             torch.manual_seed(5)
             metrics = learner.update(batch)
@@ -181,8 +178,9 @@ def test_normalized_advantages_make_impalas_policy_gradient_the_same_on_any_rewa
 def test_anneal_lr_lowers_the_lr_linearly_over_the_budget_and_is_saved_in_checkpoints(algorithm):
     """`algorithm.anneal_lr=true`: each update's lr is `lr x (1 - env steps consumed / max_env_steps)`,
     0 once the budget is spent; a learner restored from its state goes on where it was."""
-    from maze_cli.algorithms.impala import Impala, ImpalaLearner
-    from maze_cli.algorithms.ppo import Ppo, PpoLearner
+    from maze_cli.algorithms.impala import Impala, ImpalaObjective
+    from maze_cli.algorithms.ppo import Ppo, PpoObjective
+    from maze_cli.learner import Learner
     from maze_cli.policies import ActorCritic, mlp_network
 
     batch = learner_cases.rollout(learner_cases.CARTPOLE)
@@ -191,18 +189,18 @@ def test_anneal_lr_lowers_the_lr_linearly_over_the_budget_and_is_saved_in_checkp
     def make(anneal: bool):
         policy = ActorCritic(*learner_cases.CARTPOLE, mlp_network((8,)))
         if algorithm == "impala":
-            return ImpalaLearner(policy, Impala(lr=1e-3, anneal_lr=anneal), max_env_steps=4 * steps)
-        return PpoLearner(policy, Ppo(lr=1e-3, anneal_lr=anneal, n_minibatches=2), max_env_steps=4 * steps)
+            return Learner(ImpalaObjective(policy, Impala(lr=1e-3, anneal_lr=anneal)), max_env_steps=4 * steps)
+        return Learner(PpoObjective(policy, Ppo(lr=1e-3, anneal_lr=anneal, n_minibatches=2)), max_env_steps=4 * steps)
 
     annealed, constant = make(True), make(False)
     lrs = []
     for _ in range(5):
         for learner in (annealed, constant):
             learner.update(batch)
-        lrs.append(annealed.optimizer.param_groups[0]["lr"])
-        assert constant.optimizer.param_groups[0]["lr"] == 1e-3
+        lrs.append(annealed.groups["policy"].optimizer.param_groups[0]["lr"])
+        assert constant.groups["policy"].optimizer.param_groups[0]["lr"] == 1e-3
     assert lrs == pytest.approx([1e-3, 0.75e-3, 0.5e-3, 0.25e-3, 0.0])  # the lr of each update, before it consumed its batch
     restored = make(True)
     restored.load_state_dict(annealed.state_dict())
     restored.update(batch)
-    assert restored.env_steps == 6 * steps and restored.optimizer.param_groups[0]["lr"] == 0.0
+    assert restored.env_steps == 6 * steps and restored.groups["policy"].optimizer.param_groups[0]["lr"] == 0.0

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from maze_cli.learner import Learner
 from maze_cli.records import Rollout
 from tests.cli import SAC_CHEAP, run_train
 from tests.helpers import pid_alive, processes_with_env_tag, wait_until
@@ -29,14 +30,14 @@ def _learner(algorithm: str, spaces, group=None):
     torch.manual_seed(7)
     policy = ActorCritic(*spaces, mlp_network((16, 16), "tanh"), normalize_obs=normalize)
     if algorithm == "impala":
-        from maze_cli.algorithms.impala import Impala, ImpalaLearner
+        from maze_cli.algorithms.impala import Impala, ImpalaObjective
 
-        return ImpalaLearner(policy, Impala(normalize_advantage=False), "cpu", normalize, group=group)
-    from maze_cli.algorithms.ppo import Ppo, PpoLearner
+        return Learner(ImpalaObjective(policy, Impala(normalize_advantage=False), normalize), "cpu", group=group)
+    from maze_cli.algorithms.ppo import Ppo, PpoObjective
 
     # one minibatch, advantages as they are: the batch-wide statistics are then those of every learner's batch
     hp = Ppo(n_epochs=2, n_minibatches=1, normalize_advantage=False, entropy_coef=0.01)
-    return PpoLearner(policy, hp, "cpu", False, max_env_steps=10_000, group=group)
+    return Learner(PpoObjective(policy, hp, False), "cpu", max_env_steps=10_000, group=group)
 
 
 def _columns(batch: Rollout, part: slice) -> Rollout:

@@ -12,8 +12,9 @@ import torch
 
 pytest.importorskip("pettingzoo")
 
-from maze_cli.algorithms.impala import Impala, ImpalaLearner  # noqa: E402
-from maze_cli.algorithms.ppo import Ppo, PpoLearner  # noqa: E402
+from maze_cli.algorithms.impala import Impala, ImpalaObjective  # noqa: E402
+from maze_cli.algorithms.ppo import Ppo, PpoObjective  # noqa: E402
+from maze_cli.learner import Learner  # noqa: E402
 from maze_cli.envs import EnvFactory  # noqa: E402
 from maze_cli.envs.batch import make_env_batch  # noqa: E402
 from maze_cli.envs.multiagent import MultiAgentBatch  # noqa: E402
@@ -88,9 +89,9 @@ def test_the_learners_loss_ignores_every_step_of_a_finished_agent(learner):
         torch.manual_seed(0)
         fresh = ActorCritic(policy.observation_space, policy.action_space, mlp_network((8,)))
         if learner == "impala":
-            trainer = ImpalaLearner(fresh, Impala(lr=0.0))
+            trainer = Learner(ImpalaObjective(fresh, Impala(lr=0.0)))
         else:
-            trainer = PpoLearner(fresh, Ppo(lr=0.0, n_epochs=1, n_minibatches=1, normalize_advantage=False))
+            trainer = Learner(PpoObjective(fresh, Ppo(lr=0.0, n_epochs=1, n_minibatches=1, normalize_advantage=False)))
         altered = batch.map(lambda t: t.clone())
         dead = batch.observations["obs"][:-1, :, 1] == 5.0  # the finished agent's steps, told by what it observes
         altered.actions[dead] = int(garbage) % 2
@@ -217,10 +218,10 @@ def _team_learner(algorithm: str, spaces, group=None):
     torch.manual_seed(7)
     policy = ActorCritic(*spaces, mlp_network((16, 16), "tanh"))
     if algorithm == "impala":
-        return ImpalaLearner(policy, Impala(normalize_advantage=False), "cpu", False, group=group)
+        return Learner(ImpalaObjective(policy, Impala(normalize_advantage=False)), "cpu", group=group)
     # one minibatch, advantages as they are: the batch-wide statistics are then those of every learner's batch
-    return PpoLearner(policy, Ppo(n_epochs=2, n_minibatches=1, normalize_advantage=False, entropy_coef=0.01), "cpu", False,
-                      max_env_steps=10_000, group=group)
+    hp = Ppo(n_epochs=2, n_minibatches=1, normalize_advantage=False, entropy_coef=0.01)
+    return Learner(PpoObjective(policy, hp, False), "cpu", max_env_steps=10_000, group=group)
 
 
 def _team_learner_process(rank: int, port: int, algorithm: str, spaces, batch: Rollout, rows: list[int], updates: int, results) -> None:

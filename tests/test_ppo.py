@@ -89,7 +89,8 @@ def test_what_a_masked_step_holds_never_reaches_the_update(algorithm):
     """An autoreset step (or a finished agent's row) whose behaviour log-prob is -inf: the ratio there
     is infinite, yet the update's losses and every weight stay finite and equal those of the same
     batch with an ordinary log-prob at that step."""
-    from maze_cli.algorithms.ppo import Appo, Ppo, PpoLearner
+    from maze_cli.algorithms.ppo import Appo, Ppo, PpoObjective
+    from maze_cli.learner import Learner
     from maze_cli.policies import ActorCritic, mlp_network
     from tests import learner_cases
 
@@ -101,7 +102,7 @@ def test_what_a_masked_step_holds_never_reaches_the_update(algorithm):
             batch.behaviour_logp[batch.autoreset] = -float("inf")
         policy = ActorCritic(*learner_cases.CARTPOLE, mlp_network((8,)))
         hp = (Ppo if algorithm == "ppo" else Appo)(n_epochs=1, n_minibatches=1)
-        learner = PpoLearner(policy, hp, vtrace_targets=algorithm == "appo")
+        learner = Learner(PpoObjective(policy, hp, vtrace_targets=algorithm == "appo"))
         metrics = learner.update(batch)
         return metrics, policy.state_dict()
 
@@ -259,7 +260,7 @@ def test_normalization_statistics_are_saved_in_checkpoints_and_used_by_rollout(t
     assert stats.count.item() == 8192  # every observation the learner trained on, from both actors
     assert stats.var.min().item() > 0.01 and not torch.allclose(stats.mean, torch.zeros(3, dtype=torch.float64))
     checkpoint = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
-    assert checkpoint["learner"]["reward_scaler"]["stats"]["count"].item() == 8192
+    assert checkpoint["learner"]["algorithm"]["reward_scaler"]["stats"]["count"].item() == 8192
     # rollout rebuilds the policy from the checkpoint's blueprint, normalizer included
     from tests.cli import TRAIN
     import subprocess

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from maze_cli.algorithms.sac import Sac, SacLearner, SacPolicy
+from maze_cli.algorithms.sac import Sac, SacObjective, SacPolicy
+from maze_cli.learner import Learner
 from maze_cli.policies import mlp_network
 from maze_cli.parallel.workers_with_buffer import SampledBatch
 from maze_cli.records import Transitions
@@ -95,9 +96,9 @@ def test_the_critic_fits_a_fixed_target(action_space):
     torch.manual_seed(0)
     network = mlp_network((32, 32), "relu")
     policy = SacPolicy(obs_space, action_space, network)
-    learner = SacLearner(policy, Sac(gamma=0.0, lr=3e-3), network)
+    learner = Learner(SacObjective(policy, Sac(gamma=0.0, lr=3e-3), network))
     batch = random_transitions(obs_space, action_space)
-    losses = [learner.update(batch)[0]["critic_loss"] for _ in range(300)]
+    losses = [learner.update(batch)["critic_loss"] for _ in range(300)]
     # gamma = 0: the target is the reward itself, which the critics can fit.
     assert losses[-1] < 0.2 * losses[0]
     actions, logp, _ = policy.act({"obs": batch.transitions.observations["obs"]})
@@ -135,22 +136,21 @@ def test_with_policy_cnn_the_critic_loss_alone_trains_the_shared_conv_encoder(ac
     obs_space = gym.spaces.Box(0, 255, (12, 12, 3), np.uint8)
     network = {"_target_": f"{CnnNetwork.__module__}.CnnNetwork", "hidden_sizes": [16]}
     torch.manual_seed(0)
-    learner = SacLearner(SacPolicy(obs_space, action_space, network), Sac(), network)
+    learner = Learner(SacObjective(SacPolicy(obs_space, action_space, network), Sac(), network))
     encoder = learner.policy.network.encoder.images
-    assert all(net.encoder.images is encoder for net in learner.critic.nets)
-    assert not {id(p) for p in encoder.parameters()} & {id(p) for p in learner.policy_params}
+    assert all(net.encoder.images is encoder for net in learner.objective.critic.nets)
+    assert not {id(p) for p in encoder.parameters()} & {id(p) for p in learner.groups["policy"].params}
     batch = random_transitions(gym.spaces.Box(0.0, 1.0, obs_space.shape), action_space)
     before = [p.detach().clone() for p in encoder.parameters()]
     learner.update(batch)
     assert all(not torch.equal(a, b) for a, b in zip(before, encoder.parameters()))  # the critic step moved it
     # With the critic's step switched off, the actor's step moves its head and leaves the encoder be.
-    for group in learner.groups["critic"].optimizer.param_groups:
-        group["lr"] = 0.0
+    learner.groups["critic"].lr = 0.0  # the lr each update's schedule sets
     before = [p.detach().clone() for p in encoder.parameters()]
     head_before = learner.policy.head.weight.detach().clone()
     learner.update(batch)
     assert not torch.equal(head_before, learner.policy.head.weight)
     assert all(torch.equal(a, b) for a, b in zip(before, encoder.parameters()))
     # Without sharing, each network keeps its own encoder.
-    separate = SacLearner(SacPolicy(obs_space, action_space, network), Sac(share_encoder=False), network)
+    separate = SacObjective(SacPolicy(obs_space, action_space, network), Sac(share_encoder=False), network)
     assert separate.critic.nets[0].encoder.images is not separate.policy.network.encoder.images

@@ -47,13 +47,13 @@ def test_a_cold_start_differs_from_the_warm_one(trained, tmp_path):
 
 
 def test_optimizer_state_comes_along_only_when_asked(trained, tmp_path):
-    source = load_checkpoint(trained / "checkpoints" / "last.pt")["learner"]["optimizer"]
+    source = load_checkpoint(trained / "checkpoints" / "last.pt")["learner"]["optimizers"]["policy"]
     run_dir = tmp_path / "with-optimizer"
     # max_env_steps=1: one update happens, so compare the step counter, which that update moves by one.
     result = run_train("+env=cartpole", *SHORT, "max_env_steps=1", "eval.interval=0",
                        f"init_from={trained / 'checkpoints' / 'last.pt'}", "init_from.optimizer=true", run_dir=run_dir)
     assert result.returncode == 0, result.stderr
-    after = load_checkpoint(run_dir / "checkpoints" / "last.pt")["learner"]["optimizer"]
+    after = load_checkpoint(run_dir / "checkpoints" / "last.pt")["learner"]["optimizers"]["policy"]
     assert float(after["state"][0]["step"]) == float(source["state"][0]["step"]) + 1
 
 

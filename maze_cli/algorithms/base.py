@@ -1,18 +1,23 @@
 """What an algorithm is to maze_cli: a class (its hyperparameters are its fields) that builds a run.
 
-An algorithm is one class plus one config file. The class subclasses its config dataclass (the
+An algorithm is one file plus one config file. Its class subclasses its config dataclass (the
 single source of its defaults, registered with Hydra) and `Algorithm`, and builds its `Run` from the
 `Components` the builder made from the other config groups: the env, the policy network's config,
-and factories for the actors and the replay buffer. It never reads the config itself.
+and factories for the actors and the replay buffer. It never reads the config itself. Its update is
+an `Objective` (maze_cli/algorithms/contract.py) that a `Learner` runs, inside one of the two loops.
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import gymnasium as gym
+
+if TYPE_CHECKING:
+    from maze_cli.algorithms.contract import Loop, Runner
+    from maze_cli.learner import Learner
 
 
 @dataclass
@@ -50,9 +55,9 @@ class Run:
     learner (for checkpoints) and the blueprint of the policy the actors act with (plain data: how
     to rebuild it from a checkpoint)."""
 
-    loop: Any
-    runner: Any
-    learner: Any
+    loop: "Loop"
+    runner: "Runner"
+    learner: "Learner"
     blueprint: dict[str, Any]
     epoch_length: int = 20  # iterations per epoch: set by build_run from the config or the algorithm
 

@@ -8,18 +8,57 @@ they arrive instead of waiting for on-policy data.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
-from maze_cli.algorithms.on_policy import ActorCriticLearner, OnPolicyLoop, normalization, normalized_advantages
-from maze_cli.config.schema import ImpalaConfig
+from maze_cli.algorithms.contract import Step
+from maze_cli.algorithms.on_policy import ActorCriticObjective, OnPolicyLoop, normalization, normalized_advantages
+from maze_cli.config.schema import option, register_schema
+from maze_cli.learner import Learner
 from maze_cli.policies.actor_critic import ActorCritic
 from maze_cli.policies.base import Observations, State
 from maze_cli.policies.blueprint import policy_blueprint
 from maze_cli.records import Rollout
+
+
+@dataclass
+class ImpalaConfig:
+    """IMPALA with V-trace (Espeholt et al. 2018)."""
+
+    _target_: str = "maze_cli.algorithms.impala.Impala"
+    lr: float = option(1e-3, gt=0)  # Adam's learning rate (higher ones made the CartPole policy collapse: docs/benchmarks.md)
+    gamma: float = option(0.99, ge=0, le=1)  # discount
+    n_rollout_steps: int = option(32, ge=1)  # steps per rollout (T)
+    rho_bar: float = option(1.0, gt=0)  # V-trace's clip of the importance weights
+    c_bar: float = option(1.0, gt=0)  # V-trace's clip of the trace coefficients
+    # V-trace's traces scaled by this (c_i = lambda min(c_bar, pi/mu)): below 1 the value targets lean more on the
+    # critic and less on the rollout's far rewards (lower variance, more bias), as GAE's lambda does for PPO
+    vtrace_lambda: float = option(1.0, ge=0, le=1)
+    value_coef: float = option(0.5, ge=0)  # weight of the value loss
+    entropy_coef: float = option(0.01, ge=0)  # weight of the entropy bonus
+    # the batch's V-trace advantages to mean 0, std 1, so the entropy bonus weighs the same on any reward scale;
+    # without it IMPALA did not learn Pendulum or MiniGrid's sparse reward, while CartPole, Acrobot and MinAtar
+    # learn faster without it (their tuning files turn it off; benchmarks/SUITE.md)
+    normalize_advantage: bool = True
+    max_grad_norm: float = option(0.5, gt=0)  # gradient clipping by global norm
+    anneal_lr: bool = False  # lr falls linearly to 0 over max_env_steps
+    adam_eps: float = option(1e-5, gt=0)  # Adam's epsilon
+    shared_network: bool = False  # one policy network for the action and value heads (true) or one each
+    # vector observations normalized by a running mean/std (updated by the learner from every actor's data,
+    # frozen in evaluation, saved in checkpoints, used by rollout); null: on for continuous (Box) actions
+    normalize_obs: Optional[bool] = None
+    # rewards divided by the running std of the discounted return (followed per env across rollouts), clipped
+    # at 10; null: on for continuous (Box) actions
+    normalize_reward: Optional[bool] = None
+    # Box actions: the Gaussian's log std at the start, a parameter of its own (not a function of the state);
+    # below 0 the policy explores less at first (SB3's MuJoCo settings start at -2)
+    log_std_init: float = 0.0
+
+
+register_schema("algorithm", "impala", ImpalaConfig)
 
 
 @dataclass(frozen=True)
@@ -104,36 +143,33 @@ class Impala(ImpalaConfig, Algorithm):
         normalize_obs, normalize_reward = normalization(self.normalize_obs, self.normalize_reward, parts.action_space)
         kwargs = {"network": parts.network, "shared_network": self.shared_network, "normalize_obs": normalize_obs}
         policy = ActorCritic(parts.observation_space, parts.action_space, log_std_init=self.log_std_init, **kwargs)
-        learner = ImpalaLearner(policy, self, parts.device, normalize_reward, max_env_steps=parts.max_env_steps, **parts.learner)
+        learner = Learner(ImpalaObjective(policy, self, normalize_reward), parts.device, max_env_steps=parts.max_env_steps,
+                          **parts.learner)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps)
         blueprint = policy_blueprint(ActorCritic, parts.observation_space, parts.action_space, kwargs)
         return Run(OnPolicyLoop(actors, learner), actors, learner, blueprint)
 
 
-class ImpalaLearner(ActorCriticLearner):
-    """IMPALA's loss on the shared learner; knows nothing of actors or backends."""
+class ImpalaObjective(ActorCriticObjective):
+    """IMPALA's update: one gradient step per batch of rollouts; knows nothing of actors or backends."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.forward_loss = self.loss_function(self.loss, "IMPALA's loss")
+    title = "IMPALA's loss"
+    compiled = ("loss",)
 
-    def update(self, batch: Rollout) -> dict[str, torch.Tensor]:
-        """One gradient step on a time-major batch; returns its metrics (tensors, also recorded for the epoch)."""
+    def steps(self, batch: Rollout) -> Iterator[Step]:
+        """One gradient step on a time-major batch."""
         rewards = self.rewards(batch)
         discounts = self.hp.gamma * (~batch.dones).float()
         # Autoreset steps are no transitions: averages run over the real steps only. Their value
         # targets never reach real steps, since the step before each ended an episode (discount 0).
         real = (~batch.autoreset).float()
-        self.schedule_lr()
-        loss, metrics = self.forward_loss(batch.observations, batch.initial_state, batch.episode_start, batch.actions,
-                                          batch.behaviour_logp, rewards, discounts, real)
-        metrics["grad_norm"] = self.step({"policy": loss}, samples=real.sum() if self.group is not None else None)["policy"]
-        self.watch({"loss": loss})
-        self.updates += 1
-        self.consumed(batch)
+        loss, metrics = self.loss(batch.observations, batch.initial_state, batch.episode_start, batch.actions,
+                                  batch.behaviour_logp, rewards, discounts, real)
+        yield Step({"policy": loss}, metrics, samples=real.sum() if self.learner.group is not None else None)
+
+    def summary(self, batch: Rollout, steps: list[dict[str, Any]]) -> dict[str, Any]:
         self.observe(batch)
-        self.record(metrics)
-        return metrics
+        return steps[0]
 
     def loss(self, observations: Observations, initial_state: State, episode_start: torch.Tensor, actions: torch.Tensor,
              behaviour_logp: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor, real: torch.Tensor,

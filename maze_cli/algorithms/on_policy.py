@@ -9,6 +9,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
+from maze_cli.algorithms.contract import Objective, OptimizerGroup, record_timings
 from maze_cli.learner import Learner
 from maze_cli.normalization import RewardScaler
 from maze_cli.parallel.distributed_actors import DistributedActors
@@ -16,71 +17,43 @@ from maze_cli.policies.actor_critic import ActorCritic
 from maze_cli.records import Rollout
 
 
-class ActorCriticLearner(Learner):
-    """What the learners of IMPALA, PPO and APPO share: the actor-critic on the learner's device, its
-    Adam (one parameter group, "policy", its gradient norm clipped to `max_grad_norm`), the reward
-    scaler, the observation statistics' update, and checkpoint state. Subclasses write their loss
-    and `update(batch) -> metrics` (tensors)."""
+class ActorCriticObjective(Objective):
+    """What the objectives of IMPALA, PPO and APPO share: the actor-critic, its one optimizer group
+    ("policy", its gradient norm clipped to `max_grad_norm`), the reward scaler, and the update of
+    the observation statistics after each batch. Subclasses write `steps(batch)`."""
 
-    def __init__(self, policy: ActorCritic, hp: Any, device: str = "cpu", normalize_reward: bool = False,
-                 max_env_steps: int | None = None, **options: Any):
-        super().__init__(device, **options)
-        self.policy = policy.to(self.device)
+    def __init__(self, policy: ActorCritic, hp: Any, normalize_reward: bool = False):
+        self.policy = policy
         self.hp = hp
         self.reward_scaler = reward_scaler(normalize_reward, hp.gamma)
-        self.optimizer = self.add_optimizer("policy", self.policy.parameters(), lr=hp.lr, eps=hp.adam_eps,
-                                            max_grad_norm=hp.max_grad_norm)
-        self.updates = 0  # gradient steps
-        self.max_env_steps = max_env_steps  # the run's budget, which `anneal_lr` counts down
-        self.env_steps = 0  # consumed by every learner together, for the schedules
 
-    def progress_left(self) -> float:
-        """1 at the start of the budget, 0 at its end (what an annealed lr, and PPO's clip, are scaled by)."""
-        if not self.max_env_steps:
-            return 1.0
-        return max(0.0, 1.0 - self.env_steps / self.max_env_steps)
+    def optimizer_groups(self) -> dict[str, OptimizerGroup]:
+        hp = self.hp
+        return {"policy": OptimizerGroup(list(self.policy.parameters()), hp.lr, "loss", hp.adam_eps, hp.max_grad_norm,
+                                         anneal=hp.anneal_lr)}
 
-    def schedule_lr(self) -> None:
-        """The lr of the next gradient steps: `hp.lr`, or with `anneal_lr` falling linearly to 0 over the budget."""
-        lr = self.hp.lr * self.progress_left() if self.hp.anneal_lr else self.hp.lr
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-
-    def consumed(self, batch: Rollout) -> None:
-        """Count a batch's env steps towards the schedules (every learner's batch is the same size)."""
-        self.env_steps += batch.rewards.numel() * self.world_size
+    def env_steps(self, batch: Rollout) -> int:
+        return batch.rewards.numel()
 
     def rewards(self, batch: Rollout) -> torch.Tensor:
         """The batch's rewards, scaled when `normalize_reward` is on, truncated episodes bootstrapped."""
-        rewards = self.reward_scaler(batch, self.pool) if self.reward_scaler else batch.rewards
-        with self.autocast():
+        rewards = self.reward_scaler(batch, self.learner.pool) if self.reward_scaler else batch.rewards
+        with self.learner.autocast():
             return bootstrap_truncated(self.policy, rewards, batch, self.hp.gamma)
 
     def observe(self, batch: Rollout) -> None:
         """After an update: the observation statistics take in the batch, so that the next policy
         version acts and learns with the same ones."""
         if self.policy.obs_normalizer is not None:
-            self.policy.obs_normalizer.update_from(batch, self.pool)
+            self.policy.obs_normalizer.update_from(batch, self.learner.pool)
 
-    def update(self, batch: Rollout) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
+    def extra_state(self) -> dict[str, Any]:
+        return {} if self.reward_scaler is None else {"reward_scaler": self.reward_scaler.state_dict()}
 
-    def load_optimizer_state(self, state: dict) -> None:
-        """Adam's moments from a checkpoint's learner state (resume, and `init_from.optimizer=true`)."""
-        self.optimizer.load_state_dict(state["optimizer"])
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.load_normalizer_state(state)
 
-    def state_dict(self) -> dict:
-        state = {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "updates": self.updates,
-                 "env_steps": self.env_steps}
-        if self.reward_scaler is not None:
-            state["reward_scaler"] = self.reward_scaler.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.load_optimizer_state(state)
-        self.updates = state["updates"]
-        self.env_steps = state.get("env_steps", 0)  # absent from checkpoints of IMPALA before anneal_lr
+    def load_normalizer_state(self, state: dict[str, Any]) -> None:
         if self.reward_scaler is not None and "reward_scaler" in state:
             self.reward_scaler.load_state_dict(state["reward_scaler"])
 
@@ -91,7 +64,7 @@ class OnPolicyLoop:
     The actors decide which rollouts make a batch: as they come (IMPALA), none older than
     `max_policy_lag` versions (APPO), or only the current version (PPO, `on_policy=True`)."""
 
-    def __init__(self, actors: DistributedActors, learner: ActorCriticLearner):
+    def __init__(self, actors: DistributedActors, learner: Learner):
         self.actors = actors
         self.learner = learner
         self.actor_stats = actors.get_epoch_stats_aggregator()
@@ -114,16 +87,9 @@ class OnPolicyLoop:
         self.learner.check_finite()
         t2 = time.perf_counter()
         self.actors.broadcast_updated_policy(self.learner.policy.state_dict())
-        t3 = time.perf_counter()
-        stats = self.learner_stats
-        timings = self.learner.take_timings()
-        stats.add("queue_size", queue_before)
-        stats.add("time/wait_actors_s", t1 - t0)
-        stats.add("time/dequeue_s", dequeue_s)
-        stats.add("time/learner_s", t2 - t1)
-        stats.add("time/learner_forward_s", timings["forward"])
-        stats.add("time/learner_backward_s", timings["backward"])
-        stats.add("time/broadcast_s", t3 - t2)
+        self.learner_stats.add("queue_size", queue_before)
+        record_timings(self.learner_stats, self.learner, wait_actors_s=t1 - t0, dequeue_s=dequeue_s, learner_s=t2 - t1,
+                       broadcast_s=time.perf_counter() - t2)
         return batch.rewards.numel()
 
 

@@ -17,18 +17,63 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator, Optional
 
 import torch
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
+from maze_cli.algorithms.contract import Step
 from maze_cli.algorithms.impala import vtrace
-from maze_cli.algorithms.on_policy import ActorCriticLearner, OnPolicyLoop, gae, masked_mean, normalization, normalized_advantages
-from maze_cli.config.schema import AppoConfig, PpoConfig
+from maze_cli.algorithms.on_policy import ActorCriticObjective, OnPolicyLoop, gae, masked_mean, normalization, normalized_advantages
+from maze_cli.config.schema import option, register_schema
+from maze_cli.learner import Learner
 from maze_cli.policies.actor_critic import ActorCritic
 from maze_cli.policies.base import Observations, State
 from maze_cli.policies.blueprint import policy_blueprint
 from maze_cli.records import Rollout
+
+
+@dataclass
+class PpoConfig:
+    """PPO (Schulman et al. 2017): synchronous, each batch collected with the current policy version."""
+
+    _target_: str = "maze_cli.algorithms.ppo.Ppo"
+    lr: float = option(3e-4, gt=0)  # Adam's learning rate
+    gamma: float = option(0.99, ge=0, le=1)  # discount
+    gae_lambda: float = option(0.95, ge=0, le=1)  # GAE's lambda (0: one-step TD error, 1: Monte Carlo)
+    n_rollout_steps: int = option(64, ge=1)  # steps per rollout (T)
+    n_epochs: int = option(4, ge=1)  # passes over each batch
+    n_minibatches: int = option(4, ge=1)  # gradient steps per pass (recurrent policies: split by env, whole sequences)
+    clip_range: float = option(0.2, gt=0)  # of the probability ratio in the surrogate
+    # null: a plain squared value error; a number: the value may move at most this far from its old estimate
+    # (the pessimistic max of the clipped and unclipped errors)
+    clip_value: Optional[float] = option(None, gt=0)
+    normalize_advantage: bool = True  # advantages to mean 0, std 1 per minibatch
+    value_coef: float = option(0.5, ge=0)  # weight of the value loss
+    entropy_coef: float = option(0.0, ge=0)  # weight of the entropy bonus
+    max_grad_norm: float = option(0.5, gt=0)  # gradient clipping by global norm
+    target_kl: Optional[float] = option(None, gt=0)  # stop the batch's passes once a minibatch's approx. KL exceeds 1.5 x this
+    anneal_lr: bool = False  # lr falls linearly to 0 over max_env_steps
+    anneal_clip: bool = False  # clip_range likewise
+    adam_eps: float = option(1e-5, gt=0)  # Adam's epsilon
+    shared_network: bool = False  # one policy network for the action and value heads (true) or one each
+    normalize_obs: Optional[bool] = None  # observations by a running mean/std, as for IMPALA; null: on for Box actions
+    normalize_reward: Optional[bool] = None  # rewards by the return's std, as for IMPALA; null: on for Box actions
+    log_std_init: float = 0.0  # Box actions: the Gaussian's starting log std, as for IMPALA
+
+
+@dataclass
+class AppoConfig(PpoConfig):
+    """Asynchronous PPO (Sample Factory): actors never wait; V-trace targets correct for the lag."""
+
+    _target_: str = "maze_cli.algorithms.ppo.Appo"
+    max_policy_lag: int = option(8, ge=0)  # rollouts older than this many policy versions are dropped
+    rho_bar: float = option(1.0, gt=0)  # V-trace's clip of the importance ratio in the value targets
+    c_bar: float = option(1.0, gt=0)  # V-trace's clip of the trace coefficients
+
+
+register_schema("algorithm", "ppo", PpoConfig)
+register_schema("algorithm", "appo", AppoConfig)
 
 
 def clipped_surrogate(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, clip: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,24 +102,27 @@ class Targets:
     old_values: torch.Tensor  # V(x_t) before this batch's update, [T, B]
 
 
-class PpoLearner(ActorCriticLearner):
-    """Owns the actor-critic, its optimizer and the update; knows nothing of actors or backends.
+class PpoObjective(ActorCriticObjective):
+    """PPO's and APPO's update: `n_epochs` x `n_minibatches` clipped-surrogate steps per batch; knows
+    nothing of actors or backends.
 
     :param vtrace_targets: APPO's V-trace targets (else GAE).
     """
 
-    def __init__(self, policy: ActorCritic, hp: PpoConfig, device: str = "cpu", normalize_reward: bool = False,
-                 vtrace_targets: bool = False, **options: Any):
-        super().__init__(policy, hp, device, normalize_reward, **options)
+    title = "PPO's loss"
+    compiled = ("loss",)
+
+    def __init__(self, policy: ActorCritic, hp: PpoConfig, normalize_reward: bool = False, vtrace_targets: bool = False):
+        super().__init__(policy, hp, normalize_reward)
         self.vtrace_targets = vtrace_targets
-        self.forward_loss = self.loss_function(self.loss, "PPO's loss")
+        self._batch: dict[str, Any] = {}  # what the summary of the batch being updated needs
 
     @torch.no_grad()
     def targets(self, batch: Rollout) -> Targets:
         """Advantages and value targets of the whole batch, under the policy before the update."""
         hp, T = self.hp, batch.n_steps
         rewards = self.rewards(batch)
-        with self.autocast():
+        with self.learner.autocast():
             out = self.policy(batch.observations, batch.initial_state, batch.episode_start)
         values, bootstrap_value = out.values[:T].float(), out.values[T].float()
         discounts = hp.gamma * (~batch.dones).float()
@@ -117,10 +165,9 @@ class PpoLearner(ActorCriticLearner):
         mb["initial_state"] = tuple(s[columns] for s in view["initial_state"])
         return mb
 
-    def update(self, batch: Rollout) -> dict[str, torch.Tensor]:
-        """`n_epochs` x `n_minibatches` gradient steps on one batch; returns its metrics (tensors, the
-        minibatches' means; also recorded for the epoch)."""
-        hp = self.hp
+    def steps(self, batch: Rollout) -> Iterator[Step]:
+        """`n_epochs` x `n_minibatches` gradient steps on one batch, fewer where `target_kl` stops them."""
+        hp, learner = self.hp, self.learner
         t0 = time.perf_counter()
         targets = self.targets(batch)
         view = self._view(batch, targets)
@@ -128,47 +175,45 @@ class PpoLearner(ActorCriticLearner):
         if n_columns < hp.n_minibatches:
             raise ValueError(f"algorithm.n_minibatches={hp.n_minibatches} is more than the batch's {n_columns} "
                              "sequences (a recurrent policy splits by env): lower it or collect more envs per batch")
-        self.schedule_lr()
-        clip = hp.clip_range * self.progress_left() if hp.anneal_clip else hp.clip_range
-        clip_t = torch.tensor(clip, device=self.device)  # a tensor: an annealed clip never recompiles the loss
-        self.timings["forward"] += time.perf_counter() - t0
-        steps: list[dict[str, torch.Tensor]] = []
-        stopped = False
+        clip = hp.clip_range * learner.progress_left() if hp.anneal_clip else hp.clip_range
+        clip_t = torch.tensor(clip, device=learner.device)  # a tensor: an annealed clip never recompiles the loss
+        learner.timings["forward"] += time.perf_counter() - t0
+        self._batch = {"targets": targets, "clip": clip, "stopped": False, "last": None}
         for _ in range(hp.n_epochs):
             for columns in torch.randperm(n_columns, device=view["actions"].device).chunk(hp.n_minibatches):
                 mb = self._columns(view, columns)
-                loss, metrics = self.forward_loss(mb["observations"], mb["initial_state"], mb["episode_start"], mb["actions"],
-                                                  mb["behaviour_logp"], mb["advantages"], mb["returns"], mb["old_values"],
-                                                  mb["real"], clip_t)
+                loss, metrics = self.loss(mb["observations"], mb["initial_state"], mb["episode_start"], mb["actions"],
+                                          mb["behaviour_logp"], mb["advantages"], mb["returns"], mb["old_values"],
+                                          mb["real"], clip_t)
+                self._batch["last"] = metrics
                 # target_kl is the one option that needs a number on the host per minibatch (and,
                 # with several learners, their agreement: they stop together or step together)
                 if hp.target_kl is not None and self._kl_stop(float(metrics["approx_kl"]) > 1.5 * hp.target_kl):
-                    stopped = True
-                    break
-                metrics["grad_norm"] = self.step({"policy": loss}, samples=mb["real"].sum() if self.group is not None else None)["policy"]
-                self.watch({"loss": loss})
-                self.updates += 1
-                steps.append(metrics)
-            if stopped:
-                break
+                    self._batch["stopped"] = True
+                    return
+                yield Step({"policy": loss}, metrics, samples=mb["real"].sum() if learner.group is not None else None)
+
+    def summary(self, batch: Rollout, steps: list[dict[str, Any]]) -> dict[str, Any]:
+        """The minibatches' means, and what the batch's targets say of the value function."""
         self.observe(batch)
-        self.consumed(batch)
+        targets, stopped = self._batch["targets"], self._batch["stopped"]
         if steps:
             result = {key: torch.stack([m[key] for m in steps]).mean() for key in steps[0]}
         else:  # the first minibatch already exceeded target_kl: report it, untrained
-            result = metrics | {"grad_norm": torch.zeros(())}
+            result = self._batch["last"] | {"grad_norm": torch.zeros(())}
         real = batch.autoreset.logical_not()
         result |= {
             "value_mean": masked_mean(targets.old_values, real),
             "explained_variance": explained_variance(targets.old_values, targets.returns, real),
         }
-        result |= {"gradient_steps": float(len(steps)), "kl_stop": float(stopped), "lr": self.optimizer.param_groups[0]["lr"],
-                   "clip_range": clip}
-        self.record(result)
+        lr = self.learner.groups["policy"].optimizer.param_groups[0]["lr"]
+        result |= {"gradient_steps": float(len(steps)), "kl_stop": float(stopped), "lr": lr, "clip_range": self._batch["clip"]}
+        self._batch = {}
         return result
 
     def _kl_stop(self, exceeded: bool) -> bool:
-        return exceeded if self.group is None else self.group.any(exceeded)
+        group = self.learner.group
+        return exceeded if group is None else group.any(exceeded)
 
     def loss(self, observations: Observations, initial_state: State, episode_start: torch.Tensor, actions: torch.Tensor,
              behaviour_logp: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, old_values: torch.Tensor,
@@ -225,8 +270,8 @@ class Ppo(PpoConfig, Algorithm):
         normalize_obs, normalize_reward = normalization(self.normalize_obs, self.normalize_reward, parts.action_space)
         kwargs = {"network": parts.network, "shared_network": self.shared_network, "normalize_obs": normalize_obs}
         policy = ActorCritic(parts.observation_space, parts.action_space, log_std_init=self.log_std_init, **kwargs)
-        learner = PpoLearner(policy, self, parts.device, normalize_reward, vtrace_targets=isinstance(self, Appo),
-                             max_env_steps=parts.max_env_steps, **parts.learner)
+        objective = PpoObjective(policy, self, normalize_reward, vtrace_targets=isinstance(self, Appo))
+        learner = Learner(objective, parts.device, max_env_steps=parts.max_env_steps, **parts.learner)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps, **actor_options)
         blueprint = policy_blueprint(ActorCritic, parts.observation_space, parts.action_space, kwargs)
         return Run(OnPolicyLoop(actors, learner), actors, learner, blueprint)

@@ -2,16 +2,15 @@
 and automatic entropy tuning; discrete actions as in Christodoulou (2019).
 
 Workers act with `SacPolicy` and fill a replay buffer; the learner samples from it at
-`replay_ratio` gradient updates per collected transition.
+`replay_ratio` gradient updates per collected transition (maze_cli/algorithms/replay.py).
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator, Optional
 
 import gymnasium as gym
 import numpy as np
@@ -20,12 +19,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
-from maze_cli.config.schema import SacConfig
+from maze_cli.algorithms.contract import Objective, OptimizerGroup, Step
+from maze_cli.algorithms.replay import check_feed_forward, check_single_agent, replay_run
+from maze_cli.config.schema import option, register_schema
 from maze_cli.errors import ConfigError
 from maze_cli.learner import Learner
-from maze_cli.buffers import Sampler
-from maze_cli.parallel.workers_with_buffer import BaseDistributedWorkersWithBuffer, SampledBatch, initial_sampling_policy_or_random
-from maze_cli.policies.base import Observations, Policy, PolicyOutput, State, one_step
+from maze_cli.parallel.workers_with_buffer import SampledBatch
+from maze_cli.policies.base import Observations, Policy, PolicyOutput, State, one_step, register_action_bounds
 from maze_cli.policies.blueprint import policy_blueprint
 from maze_cli.policies.distributions import Categorical
 from maze_cli.policies.mlp import linear, mlp_network
@@ -33,6 +33,35 @@ from maze_cli.policies.network import build_network
 
 _LOG_STD_MIN, _LOG_STD_MAX = -5.0, 2.0
 ACTION_KEY = "_action"  # the action's key among a Box-action critic's inputs
+
+
+@dataclass
+class SacConfig:
+    """SAC (Haarnoja et al. 2018); discrete actions as in Christodoulou (2019)."""
+
+    _target_: str = "maze_cli.algorithms.sac.Sac"
+    lr: float = option(1e-3, gt=0)  # Adam's learning rate of the actor and the critics
+    alpha_lr: float = option(1e-3, gt=0)  # Adam's learning rate of the entropy coefficient
+    gamma: float = option(0.99, ge=0, le=1)  # discount
+    tau: float = option(0.005, gt=0, le=1)  # Polyak averaging of the target critics
+    init_alpha: float = option(1.0, gt=0)  # the entropy coefficient at the start (tuned automatically from there)
+    target_entropy: Optional[float] = None  # null: -dim(A) for Box actions, target_entropy_scale * log(n) for Discrete(n)
+    target_entropy_scale: float = option(0.5, gt=0, le=1)  # Discrete actions only: the target entropy as a share of the maximum
+    n_rollout_steps: int = option(8, ge=1)  # steps per worker rollout
+    rollouts_per_iteration: int = option(1, ge=1)  # rollouts moved into the replay buffer per learner iteration
+    batch_size: int = option(256, ge=1)  # transitions per gradient update (whole rollouts when not splitting)
+    replay_ratio: float = option(1.0, gt=0)  # gradient updates per collected transition
+    initial_buffer_size: int = option(1000, ge=0)  # transitions collected by the initial sampling policy before learning
+    # null or random: uniform random actions; a checkpoint path (.../checkpoints/last.pt, trained on this env's
+    # spaces); or a mapping with _target_ (called with observation_space, action_space and its other keys)
+    initial_sampling_policy: Any = None
+    split_rollouts_into_transitions: bool = True  # store single transitions (true), or whole rollouts sampled as sequences
+    # policy=cnn: actor and both critics use one conv encoder, trained by the critic loss only (as in SAC-AE and
+    # DrQ); false: each network its own
+    share_encoder: bool = True
+
+
+register_schema("algorithm", "sac", SacConfig)
 
 
 def check_action_space(action_space: gym.Space) -> None:
@@ -62,9 +91,7 @@ class SacPolicy(Policy):
         self.distribution = Categorical(n_out) if self.discrete else None
         self.head = linear(self.network.out_dim, n_out, 0.01)
         if not self.discrete:
-            low, high = action_space.low.flatten(), action_space.high.flatten()
-            self.register_buffer("scale", torch.as_tensor((high - low) / 2, dtype=torch.float32))
-            self.register_buffer("bias", torch.as_tensor((high + low) / 2, dtype=torch.float32))
+            register_action_bounds(self, action_space)
 
     def forward(self, observations: Observations, state: State = (), episode_start: torch.Tensor | None = None) -> PolicyOutput:
         features, state = self.network(observations, state, episode_start)
@@ -144,50 +171,37 @@ class Sac(SacConfig, Algorithm):
     network_defaults = {"activation": "relu"}
 
     def build(self, parts: Components) -> Run:
-        if getattr(parts.env_factory, "agents", None):  # finished agents' steps are no transitions for the buffer
-            raise ConfigError("algorithm=sac: a multi-agent (PettingZoo) env trains with algorithm=impala, appo or ppo; "
-                              "SAC's replay buffer takes single-agent envs only")
+        check_single_agent(parts, "sac")
         kwargs = {"network": parts.network}
         policy = SacPolicy(parts.observation_space, parts.action_space, **kwargs)
-        if policy.is_recurrent:
-            raise ConfigError(f"algorithm=sac takes feed-forward policy networks only; policy._target_={parts.network['_target_']} "
-                              f"is recurrent (recurrent SAC is not supported: use algorithm=impala)")
-        learner = SacLearner(policy, self, parts.network, parts.device, **parts.learner)
-        initial = initial_sampling_policy_or_random(policy, self.initial_policy(parts))
-        # Envs one by one: no autoreset steps, so every step is a transition for the buffer (the
-        # replay ratio makes the learner, not env stepping, the bottleneck of off-policy training).
-        env_factory = getattr(parts.env_factory, "without_vectorization", lambda: parts.env_factory)()
-        actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps, env_factory=env_factory,
-                                   batch_size=self.rollouts_per_iteration, initial_policy=initial)
-        workers = BaseDistributedWorkersWithBuffer(
-            actors, parts.make_replay_buffer, batch_size=self.batch_size, initial_buffer_size=self.initial_buffer_size,
-            split_rollouts_into_transitions=self.split_rollouts_into_transitions,
-        )
-        # A sampler that overrides update_priorities wants the TD errors back (prioritized replay).
-        prioritized = type(workers.replay_buffer.sampler).update_priorities is not Sampler.update_priorities
+        check_feed_forward(policy, parts, "sac")
+        learner = Learner(SacObjective(policy, self, parts.network), parts.device, **parts.learner)
         blueprint = policy_blueprint(SacPolicy, parts.observation_space, parts.action_space, kwargs)
-        return Run(SacLoop(workers, learner, self.replay_ratio, prioritized), workers, learner, blueprint)
-
-    def initial_policy(self, parts: Components):
-        """The policy that fills the buffer before learning: None (uniform random), a checkpoint, or a `_target_`."""
-        from maze_cli.policies.blueprint import initial_sampling_policy
-
-        return initial_sampling_policy(self.initial_sampling_policy, parts.observation_space, parts.action_space, parts.load_policy)
+        return replay_run(parts, learner, self, blueprint, self.split_rollouts_into_transitions)
 
 
-class SacLearner(Learner):
-    """SAC's losses on the shared learner: the actor, the twin critics and their targets, the entropy
-    coefficient; three parameter groups (critic, policy, alpha), each with its own Adam."""
+class Temperature(nn.Module):
+    """SAC's entropy coefficient alpha, learned as its log."""
 
-    def __init__(self, policy: SacPolicy, hp: SacConfig, network: dict | None = None, device: str = "cpu", **options: Any):
-        super().__init__(device, **options)
-        self.policy = policy.to(self.device)
+    def __init__(self, init_alpha: float):
+        super().__init__()
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(init_alpha)))
+
+
+class SacObjective(Objective):
+    """SAC's update: the twin critics' step, then the actor's and the temperature's; the target
+    critics follow by Polyak averaging. Three optimizer groups: critic, policy, alpha."""
+
+    title = "SAC's loss"
+    compiled = ("critic_loss", "actor_loss")
+
+    def __init__(self, policy: SacPolicy, hp: SacConfig, network: dict | None = None):
+        self.policy = policy
         self.hp = hp
-        self.critic = TwinCritic(policy.observation_space, policy.action_space, dict(network or mlp_network((256, 256), "relu"))).to(self.device)
-        shared = self._share_encoder() if hp.share_encoder else set()
+        self.critic = TwinCritic(policy.observation_space, policy.action_space, dict(network or mlp_network((256, 256), "relu")))
+        self.shared = self._share_encoder() if hp.share_encoder else set()
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.critic_params, self.critic_target_params = list(self.critic.parameters()), list(self.critic_target.parameters())
-        self.log_alpha = torch.tensor(math.log(hp.init_alpha), device=self.device, requires_grad=True)
+        self.temperature = Temperature(hp.init_alpha)
         space = policy.action_space
         if hp.target_entropy is not None:
             self.target_entropy = hp.target_entropy
@@ -195,13 +209,18 @@ class SacLearner(Learner):
             self.target_entropy = hp.target_entropy_scale * math.log(int(space.n))
         else:
             self.target_entropy = -float(np.prod(space.shape))
-        self.policy_params = [p for p in self.policy.parameters() if id(p) not in shared]  # the actor's loss leaves the encoder be
-        self.add_optimizer("critic", self.critic_params, lr=hp.lr)
-        self.add_optimizer("policy", self.policy_params, lr=hp.lr)
-        self.add_optimizer("alpha", [self.log_alpha], lr=hp.alpha_lr)
-        self.forward_critic_loss = self.loss_function(self.critic_loss, "SAC's critic loss")
-        self.forward_actor_loss = self.loss_function(self.actor_loss, "SAC's actor loss")
-        self.updates = 0
+        self._td_errors: torch.Tensor | None = None
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {"policy": self.policy, "critic": self.critic, "critic_target": self.critic_target, "temperature": self.temperature}
+
+    def optimizer_groups(self) -> dict[str, OptimizerGroup]:
+        hp = self.hp
+        self.critic_params, self.critic_target_params = list(self.critic.parameters()), list(self.critic_target.parameters())
+        policy_params = [p for p in self.policy.parameters() if id(p) not in self.shared]  # the actor's loss leaves the encoder be
+        return {"critic": OptimizerGroup(self.critic_params, hp.lr, "critic_loss"),
+                "policy": OptimizerGroup(policy_params, hp.lr, "policy_loss"),
+                "alpha": OptimizerGroup([self.log_alpha], hp.alpha_lr, "alpha_loss")}
 
     def _share_encoder(self) -> set[int]:
         """Both critics use the actor's conv encoder (policy=cnn); the ids of its parameters."""
@@ -211,27 +230,32 @@ class SacLearner(Learner):
         return {id(p) for params in shared for p in params}
 
     @property
+    def log_alpha(self) -> nn.Parameter:
+        return self.temperature.log_alpha
+
+    @property
     def alpha(self) -> float:
         return float(self.log_alpha.exp())
 
-    def update(self, batch: SampledBatch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """One gradient step of critics, then actor and alpha; returns metrics (tensors, also
-        recorded for the epoch) and per-transition TD errors."""
+    def steps(self, batch: SampledBatch) -> Iterator[Step]:
+        """One update: a gradient step of the critics, then one of actor and alpha."""
         tr, w = batch.transitions, batch.weights
         alpha = self.log_alpha.exp().detach()
-        critic_loss, td1, td2, q_mean = self.forward_critic_loss(tr.observations, tr.actions, tr.rewards, tr.next_observations,
-                                                                 tr.terminated, w, alpha)
-        self.step({"critic": critic_loss})
-        policy_loss, alpha_loss, entropy = self.forward_actor_loss(tr.observations, alpha)
-        self.step({"policy": policy_loss, "alpha": alpha_loss})
+        critic_loss, td1, td2, q_mean = self.critic_loss(tr.observations, tr.actions, tr.rewards, tr.next_observations,
+                                                         tr.terminated, w, alpha)
+        yield Step({"critic": critic_loss}, ends_update=False)
+        policy_loss, alpha_loss, entropy = self.actor_loss(tr.observations, alpha)
+        losses = {"critic_loss": critic_loss, "policy_loss": policy_loss, "alpha_loss": alpha_loss}
+        metrics = {k: v.detach() for k, v in losses.items()} | {"alpha": alpha, "entropy": entropy, "q_mean": q_mean}
+        self._td_errors = (td1.abs() + td2.abs()) / 2
+        yield Step({"policy": policy_loss, "alpha": alpha_loss}, metrics)
+
+    def after_update(self) -> None:
         with torch.no_grad():  # Polyak averaging of the target critics
             torch._foreach_lerp_(self.critic_target_params, self.critic_params, self.hp.tau)
-        self.updates += 1
-        losses = {"critic_loss": critic_loss, "policy_loss": policy_loss, "alpha_loss": alpha_loss}
-        self.watch(losses)
-        metrics = {k: v.detach() for k, v in losses.items()} | {"alpha": alpha, "entropy": entropy, "q_mean": q_mean}
-        self.record(metrics)
-        return metrics, (td1.abs() + td2.abs()) / 2
+
+    def priorities(self) -> torch.Tensor | None:
+        return self._td_errors
 
     def critic_loss(self, observations: Observations, actions: torch.Tensor, rewards: torch.Tensor,
                     next_observations: Observations, terminated: torch.Tensor, weights: torch.Tensor, alpha: torch.Tensor):
@@ -279,104 +303,3 @@ class SacLearner(Learner):
             entropy = -logp.detach()
             alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
         return policy_loss, alpha_loss, entropy.mean()
-
-    def state_dict(self) -> dict:
-        return {
-            "policy": self.policy.state_dict(),
-            "critic": self.critic.state_dict(),
-            "critic_target": self.critic_target.state_dict(),
-            "log_alpha": self.log_alpha.detach().clone(),
-            "optimizers": self.optimizer_state(),
-            "updates": self.updates,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.load_optimizer_state(state)
-        self.updates = state["updates"]
-
-    def load_optimizer_state(self, state: dict) -> None:
-        """Everything the optimizers' state belongs to: the critics, their targets and the
-        temperature with their optimizers (resume, and `init_from.optimizer=true`)."""
-        self.critic.load_state_dict(state["critic"])
-        self.critic_target.load_state_dict(state["critic_target"])
-        with torch.no_grad():
-            self.log_alpha.copy_(state["log_alpha"])
-        super().load_optimizer_state(state["optimizers"])
-
-
-class SacLoop:
-    """One SAC iteration: move finished rollouts into the buffer, then `replay_ratio` updates per new
-    transition, then one broadcast. The first iteration fills the buffer with the initial policy."""
-
-    def __init__(self, workers: BaseDistributedWorkersWithBuffer, learner: SacLearner, replay_ratio: float, prioritized: bool):
-        self.workers = workers
-        self.learner = learner
-        self.replay_ratio = replay_ratio
-        self.prioritized = prioritized
-        self.actor_stats = workers.get_epoch_stats_aggregator()
-        self.learner_stats = learner.metrics  # the learner's metrics (tensors until read) and this loop's timings
-        self.credit = 0.0
-        self.learning_steps = 0  # transitions collected since learning started
-
-    def updates(self) -> int:
-        return self.learner.updates
-
-    def state_dict(self) -> dict:
-        """The replay ratio's bookkeeping: updates owed (a fraction of one) and transitions learned from."""
-        return {"credit": self.credit, "learning_steps": self.learning_steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.credit, self.learning_steps = float(state["credit"]), int(state["learning_steps"])
-
-    def _collected(self, steps: int) -> float:
-        """The transitions this iteration's updates are owed for: this learner's, or with several
-        learners their mean, so that all of them make the same number of updates (each one a
-        collective) and each learner's replay ratio holds on average."""
-        group = self.learner.group
-        return steps if group is None else group.sum([steps])[0] / group.world_size
-
-    def iteration(self) -> int:
-        steps_before = self.workers.env_steps
-        t0 = time.perf_counter()
-        new_steps = 0  # collected for learning (the initial buffer earns no updates)
-        if self.workers.env_steps == 0:
-            self.workers.init_replay_buffer()
-            queue_before = 0.0
-        else:
-            queue_before, _, _ = self.workers.collect_rollouts()
-            new_steps = self.workers.env_steps - steps_before
-            self.learning_steps += new_steps
-        self.credit += self.replay_ratio * self._collected(new_steps)
-        t1 = time.perf_counter()
-        sample_s = learn_s = 0.0
-        n_updates = int(self.credit)
-        self.credit -= n_updates
-        stats = self.learner_stats
-        for _ in range(n_updates):
-            ta = time.perf_counter()
-            batch = self.workers.sample_batch(self.learner.device)
-            tb = time.perf_counter()
-            _, td_errors = self.learner.update(batch)
-            if self.prioritized:
-                self.workers.update_priorities(batch, td_errors)
-            sample_s += tb - ta
-            learn_s += time.perf_counter() - tb
-        self.learner.check_finite()
-        t2 = time.perf_counter()
-        if n_updates:
-            self.workers.broadcast_updated_policy(self.learner.policy.state_dict())
-        buffer = self.workers.replay_buffer
-        stats.add("queue_size", queue_before)
-        stats.add("buffer/size", len(buffer))
-        stats.add("buffer/fill", len(buffer) / buffer.capacity)
-        if self.learning_steps:
-            stats.add("learner/replay_ratio", self.learner.updates / self.learning_steps)
-        stats.add("time/wait_actors_s", t1 - t0)
-        stats.add("time/sample_s", sample_s)
-        stats.add("time/learner_s", learn_s)
-        timings = self.learner.take_timings()
-        stats.add("time/learner_forward_s", timings["forward"])
-        stats.add("time/learner_backward_s", timings["backward"])
-        stats.add("time/broadcast_s", time.perf_counter() - t2)
-        return self.workers.env_steps - steps_before

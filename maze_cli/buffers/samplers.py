@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -19,6 +19,8 @@ class Sampler(abc.ABC):
     are stored. The buffer tells it which slots were written (`on_add`) and the learner's TD errors
     (`update_priorities`); samplers that weigh nothing ignore both, hence the no-op defaults.
     """
+
+    prioritized: ClassVar[bool] = False  # whether it wants the learner's TD errors (`update_priorities`)
 
     def on_add(self, indices: np.ndarray) -> None:
         """Slots just written (new items or overwritten old ones)."""
@@ -64,6 +66,8 @@ class PrioritizedSampler(Sampler):
     with beta annealed linearly from `beta` to `beta_final` over `beta_anneal_samples` sample calls.
     Sampling is stratified: one draw from each of n equal slices of the total priority mass.
     """
+
+    prioritized = True
 
     def __init__(self, capacity: int, seed: int, alpha: float = 0.6, beta: float = 0.4, beta_final: float = 1.0,
                  beta_anneal_samples: int = 100_000, eps: float = 1e-6):

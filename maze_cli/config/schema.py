@@ -3,11 +3,12 @@
 Every option of a component group (algorithm, policy, runner, replay_buffer) is a dataclass whose
 `_target_` names the class Hydra's `instantiate` builds and whose other fields are that class's
 arguments. They are registered in Hydra's ConfigStore (`register_configs`); the packaged YAML files
-extend them through their defaults list and hold only what differs.
+extend them through their defaults list and hold only what differs. An algorithm's schema sits in its
+own file (maze_cli/algorithms/<name>.py) and registers itself there (`register_schema`).
 
 Each field may carry range metadata (`gt`, `ge`, `le`, `choices`); `validate_section` enforces it
 and turns every failure into a `ConfigError` naming the key and what is allowed. Nothing here
-imports torch, so a bad config fails fast.
+imports torch; the algorithms' files, imported to register their schemas, do.
 """
 
 from __future__ import annotations
@@ -149,110 +150,6 @@ class TrainRootConfig(TrainConfig):
     callbacks: Any = field(default_factory=dict)
 
 
-# -- algorithm ------------------------------------------------------------------------------------
-# The algorithm classes subclass these (maze_cli.algorithms.impala.Impala(ImpalaConfig, Algorithm)),
-# so a hyperparameter's default is written here and nowhere else.
-
-
-@dataclass
-class ImpalaConfig:
-    """IMPALA with V-trace (Espeholt et al. 2018)."""
-
-    _target_: str = "maze_cli.algorithms.impala.Impala"
-    lr: float = _f(1e-3, gt=0)  # Adam's learning rate (higher ones made the CartPole policy collapse: docs/benchmarks.md)
-    gamma: float = _f(0.99, ge=0, le=1)  # discount
-    n_rollout_steps: int = _f(32, ge=1)  # steps per rollout (T)
-    rho_bar: float = _f(1.0, gt=0)  # V-trace's clip of the importance weights
-    c_bar: float = _f(1.0, gt=0)  # V-trace's clip of the trace coefficients
-    # V-trace's traces scaled by this (c_i = lambda min(c_bar, pi/mu)): below 1 the value targets lean more on the
-    # critic and less on the rollout's far rewards (lower variance, more bias), as GAE's lambda does for PPO
-    vtrace_lambda: float = _f(1.0, ge=0, le=1)
-    value_coef: float = _f(0.5, ge=0)  # weight of the value loss
-    entropy_coef: float = _f(0.01, ge=0)  # weight of the entropy bonus
-    # the batch's V-trace advantages to mean 0, std 1, so the entropy bonus weighs the same on any reward scale;
-    # without it IMPALA did not learn Pendulum or MiniGrid's sparse reward, while CartPole, Acrobot and MinAtar
-    # learn faster without it (their tuning files turn it off; benchmarks/SUITE.md)
-    normalize_advantage: bool = True
-    max_grad_norm: float = _f(0.5, gt=0)  # gradient clipping by global norm
-    anneal_lr: bool = False  # lr falls linearly to 0 over max_env_steps
-    adam_eps: float = _f(1e-5, gt=0)  # Adam's epsilon
-    shared_network: bool = False  # one policy network for the action and value heads (true) or one each
-    # vector observations normalized by a running mean/std (updated by the learner from every actor's data,
-    # frozen in evaluation, saved in checkpoints, used by rollout); null: on for continuous (Box) actions
-    normalize_obs: Optional[bool] = None
-    # rewards divided by the running std of the discounted return (followed per env across rollouts), clipped
-    # at 10; null: on for continuous (Box) actions
-    normalize_reward: Optional[bool] = None
-    # Box actions: the Gaussian's log std at the start, a parameter of its own (not a function of the state);
-    # below 0 the policy explores less at first (SB3's MuJoCo settings start at -2)
-    log_std_init: float = 0.0
-
-
-@dataclass
-class PpoConfig:
-    """PPO (Schulman et al. 2017): synchronous, each batch collected with the current policy version."""
-
-    _target_: str = "maze_cli.algorithms.ppo.Ppo"
-    lr: float = _f(3e-4, gt=0)  # Adam's learning rate
-    gamma: float = _f(0.99, ge=0, le=1)  # discount
-    gae_lambda: float = _f(0.95, ge=0, le=1)  # GAE's lambda (0: one-step TD error, 1: Monte Carlo)
-    n_rollout_steps: int = _f(64, ge=1)  # steps per rollout (T)
-    n_epochs: int = _f(4, ge=1)  # passes over each batch
-    n_minibatches: int = _f(4, ge=1)  # gradient steps per pass (recurrent policies: split by env, whole sequences)
-    clip_range: float = _f(0.2, gt=0)  # of the probability ratio in the surrogate
-    # null: a plain squared value error; a number: the value may move at most this far from its old estimate
-    # (the pessimistic max of the clipped and unclipped errors)
-    clip_value: Optional[float] = _f(None, gt=0)
-    normalize_advantage: bool = True  # advantages to mean 0, std 1 per minibatch
-    value_coef: float = _f(0.5, ge=0)  # weight of the value loss
-    entropy_coef: float = _f(0.0, ge=0)  # weight of the entropy bonus
-    max_grad_norm: float = _f(0.5, gt=0)  # gradient clipping by global norm
-    target_kl: Optional[float] = _f(None, gt=0)  # stop the batch's passes once a minibatch's approx. KL exceeds 1.5 x this
-    anneal_lr: bool = False  # lr falls linearly to 0 over max_env_steps
-    anneal_clip: bool = False  # clip_range likewise
-    adam_eps: float = _f(1e-5, gt=0)  # Adam's epsilon
-    shared_network: bool = False  # one policy network for the action and value heads (true) or one each
-    normalize_obs: Optional[bool] = None  # observations by a running mean/std, as for IMPALA; null: on for Box actions
-    normalize_reward: Optional[bool] = None  # rewards by the return's std, as for IMPALA; null: on for Box actions
-    log_std_init: float = 0.0  # Box actions: the Gaussian's starting log std, as for IMPALA
-
-
-@dataclass
-class AppoConfig(PpoConfig):
-    """Asynchronous PPO (Sample Factory): actors never wait; V-trace targets correct for the lag."""
-
-    _target_: str = "maze_cli.algorithms.ppo.Appo"
-    max_policy_lag: int = _f(8, ge=0)  # rollouts older than this many policy versions are dropped
-    rho_bar: float = _f(1.0, gt=0)  # V-trace's clip of the importance ratio in the value targets
-    c_bar: float = _f(1.0, gt=0)  # V-trace's clip of the trace coefficients
-
-
-@dataclass
-class SacConfig:
-    """SAC (Haarnoja et al. 2018); discrete actions as in Christodoulou (2019)."""
-
-    _target_: str = "maze_cli.algorithms.sac.Sac"
-    lr: float = _f(1e-3, gt=0)  # Adam's learning rate of the actor and the critics
-    alpha_lr: float = _f(1e-3, gt=0)  # Adam's learning rate of the entropy coefficient
-    gamma: float = _f(0.99, ge=0, le=1)  # discount
-    tau: float = _f(0.005, gt=0, le=1)  # Polyak averaging of the target critics
-    init_alpha: float = _f(1.0, gt=0)  # the entropy coefficient at the start (tuned automatically from there)
-    target_entropy: Optional[float] = None  # null: -dim(A) for Box actions, target_entropy_scale * log(n) for Discrete(n)
-    target_entropy_scale: float = _f(0.5, gt=0, le=1)  # Discrete actions only: the target entropy as a share of the maximum
-    n_rollout_steps: int = _f(8, ge=1)  # steps per worker rollout
-    rollouts_per_iteration: int = _f(1, ge=1)  # rollouts moved into the replay buffer per learner iteration
-    batch_size: int = _f(256, ge=1)  # transitions per gradient update (whole rollouts when not splitting)
-    replay_ratio: float = _f(1.0, gt=0)  # gradient updates per collected transition
-    initial_buffer_size: int = _f(1000, ge=0)  # transitions collected by the initial sampling policy before learning
-    # null or random: uniform random actions; a checkpoint path (.../checkpoints/last.pt, trained on this env's
-    # spaces); or a mapping with _target_ (called with observation_space, action_space and its other keys)
-    initial_sampling_policy: Any = None
-    split_rollouts_into_transitions: bool = True  # store single transitions (true), or whole rollouts sampled as sequences
-    # policy=cnn: actor and both critics use one conv encoder, trained by the critic loss only (as in SAC-AE and
-    # DrQ); false: each network its own
-    share_encoder: bool = True
-
-
 # -- replay_buffer ----------------------------------------------------------------------------------
 @dataclass
 class UniformReplayConfig:
@@ -348,17 +245,41 @@ class RayRunnerConfig(SequentialRunnerConfig):
 # The packaged options of each group: registered in Hydra's ConfigStore as `<group>/<option>_schema`,
 # which the YAML file `conf/<group>/<option>.yaml` extends.
 SCHEMAS: dict[str, dict[str, type]] = {
-    "algorithm": {"impala": ImpalaConfig, "ppo": PpoConfig, "appo": AppoConfig, "sac": SacConfig},
+    "algorithm": {},  # each algorithm's file registers its own (`register_schema`)
     "policy": {"mlp": MlpPolicyConfig, "cnn": CnnPolicyConfig},
     "runner": {"sequential": SequentialRunnerConfig, "subproc": SubprocRunnerConfig, "ray": RayRunnerConfig},
     "replay_buffer": {"uniform": UniformReplayConfig, "prioritized": PrioritizedReplayConfig},
 }
 
 
+def option(default: Any = dataclasses.MISSING, **limits: Any) -> Any:
+    """A schema field with its default and limits (`gt`, `ge`, `le`, `choices`), checked by `validate_section`."""
+    return _f(default, **limits)
+
+
+def register_schema(group: str, name: str, schema: type) -> None:
+    """Make `schema` the packaged option `<group>=<name>` (its YAML, conf/<group>/<name>.yaml, extends
+    `<name>_schema`). An algorithm's file calls this for its own config, beside its code."""
+    SCHEMAS[group][name] = schema
+
+
+def discover_components() -> None:
+    """Import every module of maze_cli.algorithms, so that each algorithm registers its schema
+    (idempotent: Python imports a module once)."""
+    import importlib
+    import pkgutil
+
+    import maze_cli.algorithms as package
+
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{module.name}")
+
+
 def register_configs() -> None:
     """Put every schema into Hydra's ConfigStore (idempotent; called before composing)."""
     from hydra.core.config_store import ConfigStore
 
+    discover_components()
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainRootConfig)
     for group, options in SCHEMAS.items():

@@ -126,6 +126,14 @@ class Policy(nn.Module, abc.ABC):
         raise NotImplementedError
 
 
+def register_action_bounds(module: nn.Module, action_space: gym.spaces.Box) -> None:
+    """Buffers `scale` and `bias` of `module` that map [-1, 1] (a tanh-squashed action) to the Box's
+    bounds, flattened: `bias + scale * tanh(u)`."""
+    low, high = action_space.low.flatten(), action_space.high.flatten()
+    module.register_buffer("scale", torch.as_tensor((high - low) / 2, dtype=torch.float32))
+    module.register_buffer("bias", torch.as_tensor((high + low) / 2, dtype=torch.float32))
+
+
 def one_step(observations: Observations, episode_start: torch.Tensor | None) -> tuple[Observations, torch.Tensor | None]:
     """A batch of one step `[B, ...]` as a rollout of length 1 `[1, B, ...]`."""
     return {k: v.unsqueeze(0) for k, v in observations.items()}, None if episode_start is None else episode_start.unsqueeze(0)

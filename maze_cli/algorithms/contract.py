@@ -1,0 +1,147 @@
+"""The algorithm contract: what an algorithm writes, and what it leaves to the shared parts.
+
+An algorithm's update is an `Objective`: its modules (the policy the actors act with, and whatever
+else it trains or keeps, such as critics and their targets), its optimizer groups, and the gradient
+steps a batch makes, each a `Step` of named losses and metrics. The `maze_cli.learner.Learner` runs
+an objective and owns everything else, once: optimizers and their checkpoint state, the lr
+schedule over the run's budget, the update and env-step counters, precision and compilation,
+gradient averaging over several learners, the finiteness check and the metrics of an epoch.
+
+Batches reach an objective from one of two loops: `OnPolicyLoop` (rollouts `[T, B]` from actors:
+IMPALA, APPO, PPO) and `ReplayLoop` (transitions sampled from a replay buffer at a replay ratio:
+SAC, TD3). The loops own their timings; an algorithm file holds its objective, its config and the
+`build` that wires them (maze_cli/algorithms/base.py).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Protocol
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from maze_cli.learner import Learner
+    from maze_cli.stats.aggregator import EpochStatsAggregator
+
+
+@dataclass
+class OptimizerGroup:
+    """Parameters stepped together by one Adam.
+
+    :param loss: the name of this group's loss among the metrics (what a non-finite loss is reported as).
+    :param max_grad_norm: clip the group's joint gradient norm; its norm before clipping becomes the
+        metric `grad_norm` (`grad_norm/<group>` where several groups clip).
+    :param anneal: the lr falls linearly to 0 over the run's budget (`max_env_steps`).
+    """
+
+    params: list[nn.Parameter]
+    lr: float
+    loss: str
+    eps: float = 1e-8
+    max_grad_norm: float | None = None
+    anneal: bool = False
+
+
+@dataclass
+class Step:
+    """One gradient step: a loss per optimizer group (each backpropagated into its own group only).
+
+    :param samples: how many samples the losses average over on this learner, where that differs
+        between learners (several learners then weight their gradients by it).
+    :param ends_update: whether this step ends an update (what `learner/updates` counts and
+        `Objective.after_update` follows): SAC's critic step is followed by its actor step, both one update.
+    """
+
+    losses: dict[str, torch.Tensor]
+    metrics: dict[str, torch.Tensor | float] = field(default_factory=dict)
+    samples: torch.Tensor | None = None
+    ends_update: bool = True
+
+
+class Objective(abc.ABC):
+    """An algorithm's update: modules, optimizer groups and the steps of a batch.
+
+    `learner` is set when a `Learner` takes the objective: an objective reads from it what it
+    needs while computing losses (its device, `autocast()`, `progress_left()`, `pool`, `group`).
+    """
+
+    title: ClassVar[str] = "the loss"  # how logs name this algorithm's loss functions
+    # methods the learner runs under autocast and, with learner.compile=true, compiles (shapes fixed by the config)
+    compiled: ClassVar[tuple[str, ...]] = ()
+    policy: nn.Module
+    learner: "Learner"
+
+    def modules(self) -> dict[str, nn.Module]:
+        """Every module with state: "policy" (the one actors act with and checkpoints are played with) and the rest."""
+        return {"policy": self.policy}
+
+    @abc.abstractmethod
+    def optimizer_groups(self) -> dict[str, OptimizerGroup]:
+        """The parameters each optimizer steps (asked once, after the modules moved to the learner's device)."""
+
+    @abc.abstractmethod
+    def steps(self, batch: Any) -> Iterator[Step]:
+        """The gradient steps of one batch; each is taken before the next is asked for."""
+
+    def env_steps(self, batch: Any) -> int:
+        """The env steps a batch consumes, towards the schedules (0: the batch does not count, as replayed ones)."""
+        return 0
+
+    def after_update(self) -> None:
+        """After each update's last step (target networks follow the online ones here)."""
+
+    def summary(self, batch: Any, steps: list[dict[str, Any]]) -> dict[str, Any]:
+        """The metrics of a batch's update from those of its steps (recorded for the epoch); default: their union."""
+        out: dict[str, Any] = {}
+        for metrics in steps:
+            out |= metrics
+        return out
+
+    def priorities(self) -> torch.Tensor | None:
+        """The last update's per-sample priorities for prioritized replay (|TD error|); None: gives none."""
+        return None
+
+    def extra_state(self) -> dict[str, Any]:
+        """State besides modules and optimizers, kept in checkpoints (e.g. the reward scaler's statistics)."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    def load_normalizer_state(self, state: dict[str, Any]) -> None:
+        """Warm start (`init_from.normalizer=true`): the statistics a new run takes from a checkpoint's `extra_state`."""
+
+
+class Runner(Protocol):
+    """Actors (DistributedActors) or workers with a replay buffer: what the trainer starts, feeds new
+    policy versions and stops."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def broadcast_updated_policy(self, state_dict: dict[str, Any]) -> None: ...
+    def get_epoch_stats_aggregator(self) -> "EpochStatsAggregator": ...
+
+
+class Loop(Protocol):
+    """What the trainer drives: iterations (each returns the env steps it consumed) and the stats they leave."""
+
+    actor_stats: "EpochStatsAggregator"
+    learner_stats: "EpochStatsAggregator"
+
+    def iteration(self) -> int: ...
+    def updates(self) -> int: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def record_timings(stats: "EpochStatsAggregator", learner: "Learner", **seconds: float) -> None:
+    """An iteration's timings (`time/<name>`) and the learner's forward and backward seconds in it."""
+    for name, value in seconds.items():
+        stats.add(f"time/{name}", value)
+    timings = learner.take_timings()
+    stats.add("time/learner_forward_s", timings["forward"])
+    stats.add("time/learner_backward_s", timings["backward"])
+
