@@ -4,6 +4,7 @@ maze_cli beside Stable-Baselines3 (run on the same machine) and the published fi
     python benchmarks/mujoco_results.py run --algorithm ppo --envs Hopper-v5 HalfCheetah-v5 Walker2d-v5 --seeds 1 2 3
     python benchmarks/mujoco_results.py run --algorithm sac --envs Hopper-v5 --seeds 1 --minutes 30
     python benchmarks/mujoco_results.py sb3 --algorithm ppo --envs HalfCheetah-v5 --seeds 1          # SB3, rl-zoo settings
+    python benchmarks/mujoco_results.py run --algorithm td3 --envs Pendulum-v1 --seeds 1 2 3 --max-env-steps 20000 --eval-every 2000
     python benchmarks/mujoco_results.py report --out benchmarks/MUJOCO_TABLE.md --plot docs/results/mujoco.png
 
 `run` trains `train +env=mujoco env.id=<id> algorithm=<a> seed=<s>` (the family's settings, nothing
@@ -59,6 +60,11 @@ ZOO_PPO = {
                         n_epochs=20, gae_lambda=0.95, max_grad_norm=1, vf_coef=0.871923),
 }
 ZOO_SAC = dict(learning_starts=10_000)
+# hyperparams/td3.yml: the MuJoCo entries, and Pendulum-v1's own
+ZOO_TD3 = dict(learning_starts=10_000, train_freq=1, gradient_steps=1, learning_rate=3e-4, batch_size=256, net_arch=[400, 300])
+ZOO_TD3_PENDULUM = dict(learning_starts=10_000, gamma=0.98, buffer_size=200_000, train_freq=(1, "episode"), gradient_steps=-1,
+                        learning_rate=1e-3, net_arch=[400, 300])
+ENV_CONFIG = {"Pendulum-v1": "pendulum"}  # the +env= of an id outside the MuJoCo family (default: mujoco)
 
 
 def eval_seeds(seed: int) -> list[int]:
@@ -83,8 +89,8 @@ def run_maze(args) -> None:
     for seed in args.seeds:
         for env_id in args.envs:
             with tempfile.TemporaryDirectory() as tmp:
-                overrides = ["+env=mujoco", f"env.id={env_id}", f"algorithm={args.algorithm}", f"seed={seed}",
-                             f"eval.interval_env_steps={EVAL_EVERY}", f"eval.episodes={EVAL_EPISODES}", *budget_overrides(args),
+                overrides = [f"+env={ENV_CONFIG.get(env_id, 'mujoco')}", f"env.id={env_id}", f"algorithm={args.algorithm}",
+                             f"seed={seed}", "target_return=null", f"eval.interval_env_steps={args.eval_every}", f"eval.episodes={EVAL_EPISODES}", *budget_overrides(args),
                              *args.override]
                 run = run_train(overrides, Path(tmp) / "run", timeout_s=(args.minutes or 60) * 60 + 600)
             curve = [(r["env_steps"], r["time_s"], r["eval/return_mean"]) for r in run.rows if "eval/return_mean" in r]
@@ -102,18 +108,19 @@ def budget_text(args) -> str:
 def run_sb3(args) -> None:
     for seed in args.seeds:
         for env_id in args.envs:
-            curve, wall = sb3_curve(args.algorithm, env_id, seed, args.max_env_steps, args.minutes)
+            curve, wall = sb3_curve(args.algorithm, env_id, seed, args.max_env_steps, args.minutes, args.eval_every)
             save(dict(side="sb3", algorithm=args.algorithm, env=env_id, seed=seed, budget=budget_text(args), overrides=[],
                       curve=curve, wall_s=wall, machine=machine_line()))
             print(f"sb3 {args.algorithm} {env_id} seed {seed}: {curve[-1][2]:.1f} at {curve[-1][0]:,} env steps, {wall:.0f} s",
                   file=sys.stderr, flush=True)
 
 
-def sb3_curve(algorithm: str, env_id: str, seed: int, max_env_steps: int, minutes: float | None):
+def sb3_curve(algorithm: str, env_id: str, seed: int, max_env_steps: int, minutes: float | None, eval_every: int = EVAL_EVERY):
     """SB3 with the zoo's settings; the curve of (env steps, training seconds, eval mean return)."""
     import gymnasium as gym
     import torch
-    from stable_baselines3 import PPO, SAC
+    from stable_baselines3 import PPO, SAC, TD3
+    from stable_baselines3.common.noise import NormalActionNoise
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
@@ -127,6 +134,12 @@ def sb3_curve(algorithm: str, env_id: str, seed: int, max_env_steps: int, minute
             net["activation_fn"] = torch.nn.ReLU
         net.pop("activation", None)
         model = PPO("MlpPolicy", venv, seed=seed, policy_kwargs=net, **kwargs)
+    elif algorithm == "td3":
+        kwargs = dict(ZOO_TD3_PENDULUM if env_id == "Pendulum-v1" else ZOO_TD3)
+        net = kwargs.pop("net_arch")
+        n = int(np.prod(venv.action_space.shape))
+        noise = NormalActionNoise(np.zeros(n), 0.1 * np.ones(n))
+        model = TD3("MlpPolicy", venv, seed=seed, action_noise=noise, policy_kwargs=dict(net_arch=net), **kwargs)
     else:
         model = SAC("MlpPolicy", venv, seed=seed, **ZOO_SAC)
     seeds = eval_seeds(seed)
@@ -149,7 +162,7 @@ def sb3_curve(algorithm: str, env_id: str, seed: int, max_env_steps: int, minute
 
     class Cadence(BaseCallback):
         def _on_step(self) -> bool:
-            if self.num_timesteps % EVAL_EVERY == 0:
+            if self.num_timesteps % eval_every == 0:
                 training_s = time.perf_counter() - start  # evaluations included, as maze_cli's time_s
                 curve.append((self.num_timesteps, training_s, evaluate()))
                 print(f"  {self.num_timesteps:,} steps, {training_s:.0f} s: {curve[-1][2]:.1f}", file=sys.stderr, flush=True)
@@ -227,11 +240,12 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("run", "sb3"):
         p = sub.add_parser(name)
-        p.add_argument("--algorithm", choices=("ppo", "sac"), required=True)
+        p.add_argument("--algorithm", choices=("ppo", "sac", "td3"), required=True)
         p.add_argument("--envs", nargs="+", default=["Hopper-v5", "HalfCheetah-v5", "Walker2d-v5"])
         p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
         p.add_argument("--max-env-steps", type=int, default=1_000_000)
         p.add_argument("--minutes", type=float, help="a training-time budget instead of the env steps")
+        p.add_argument("--eval-every", type=int, default=EVAL_EVERY, help="env steps between evaluations (both sides)")
         if name == "run":
             p.add_argument("--override", action="append", default=[], help="a train override (a candidate setting)")
     p = sub.add_parser("report")
