@@ -33,6 +33,15 @@ log = logging.getLogger("maze_cli")
 register_configs()  # the schemas the packaged YAML files extend (also in sweep workers, which import this)
 
 
+def _group_options(group: str, default: str) -> str:
+    """`${maze_options:<group>,<default>}` in the help: the group's packaged options, the default first."""
+    names = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+    return ", ".join([f"{default} (default)", *(n for n in names if n != default)])
+
+
+OmegaConf.register_new_resolver("maze_options", _group_options, replace=True)
+
+
 def _env_options() -> list[str]:
     try:
         return sorted(GlobalHydra.instance().config_loader().get_group_options("env"))

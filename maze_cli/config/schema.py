@@ -457,6 +457,7 @@ class Settings:
 
 def validate(cfg: DictConfig, env_options: list[str]) -> Settings:
     """Check every key of the composed config; raise ConfigError naming the first bad one."""
+    discover_components()  # the algorithms' schemas (a process that composed no config may not have them yet)
     if cfg.get("env") is None:
         raise NoEnvError(env_options)
     top = {k: cfg[k] for k in cfg if k not in SCHEMAS and k not in ("env", "logger", "callbacks")}
