@@ -35,6 +35,14 @@ class EnvConfigError(ConfigError):
     """An env config that cannot produce an env."""
 
 
+class UnsupportedSpaceError(ConfigError):
+    """A space maze_cli cannot map to tensors."""
+
+
+class TrainingDiverged(MazeCliError, RuntimeError):
+    """A NaN or infinite loss stopped the run; the message names the epoch and the last good checkpoint."""
+
+
 class NonFiniteLoss(FloatingPointError):
     """A loss became NaN or infinite: the weights are no longer worth training or saving."""
 

@@ -6,7 +6,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from maze_cli.envs.spaces import UnsupportedSpaceError, space_from_dict, space_to_dict
+from maze_cli.envs.spaces import observation_specs, space_from_dict, space_to_dict
+from maze_cli.errors import UnsupportedSpaceError
 
 INF = np.inf
 
@@ -170,11 +171,6 @@ def test_unknown_description_is_refused():
 
 
 def test_an_unsupported_observation_space_is_named_by_where_it_is():
-    import gymnasium as gym
-    import pytest
-
-    from maze_cli.envs.spaces import UnsupportedSpaceError, observation_specs
-
     pair = gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(3)))
     with pytest.raises(UnsupportedSpaceError, match="at the observation's top level is not supported"):
         observation_specs(pair)

@@ -7,8 +7,7 @@ import sys
 import pytest
 
 from maze_cli.envs import EnvFactory
-from maze_cli.envs.factory import EnvConfigError, UnsupportedSpaceError
-from maze_cli.errors import ConfigError
+from maze_cli.errors import ConfigError, UnsupportedSpaceError
 from maze_cli.parallel import SequentialDistributedActors
 from maze_cli.policies import ActorCritic, mlp_network
 from tests.cli import REPO, run_train

@@ -27,7 +27,7 @@ from maze_cli.cli.errors import explain, exit_code
 from maze_cli.cli.paths import config_dir
 from maze_cli.config.schema import NoEnvError, register_configs, validate
 from maze_cli.disk import STOPPED_BY_FULL_DISK, DiskFull, check_writable_dir, is_disk_full, is_unwritable, quiet_full_disk_in_log_files, unwritable_message
-from maze_cli.errors import ConfigError, MazeCliError, NonFiniteLoss
+from maze_cli.errors import ConfigError, NonFiniteLoss, TrainingDiverged
 
 log = logging.getLogger("maze_cli")
 register_configs()  # the schemas the packaged YAML files extend (also in sweep workers, which import this)
@@ -54,10 +54,6 @@ RUN_DIR_FIX = "choose a writable place with hydra.run.dir=<dir> (hydra.sweep.dir
 # Keys a resumed run may change; everything else comes from the run's saved config.
 RESUMABLE_KEYS = {"max_env_steps", "max_time_s", "target_return", "target_window", "epoch_length", "eval", "checkpoint",
                   "device", "torch_threads", "learner", "resume", "trust_checkpoint", "callbacks", "sweep"}
-
-
-class TrainingDiverged(MazeCliError, RuntimeError):
-    """A NaN or infinite loss stopped the run; the message names the epoch and the last good checkpoint."""
 
 
 class Terminated(KeyboardInterrupt):

@@ -14,9 +14,9 @@ from maze_cli.envs.core_inputs import PreviousActionReward, adds_inputs
 from maze_cli.envs.info_stats import as_number, check_info_stats
 from maze_cli.envs.mujoco import is_mujoco_id, prepare_mujoco
 from maze_cli.envs.multiagent import AgentIdObservation, agent_spaces, as_parallel, is_multiagent, team_info_stats
-from maze_cli.envs.spaces import UnsupportedSpaceError, action_spec, observation_specs
+from maze_cli.envs.spaces import action_spec, observation_specs
 from maze_cli.envs.wrappers import apply_wrappers, wrapper_specs
-from maze_cli.errors import ConfigError, EnvConfigError, first_line
+from maze_cli.errors import ConfigError, EnvConfigError, UnsupportedSpaceError, first_line
 
 __all__ = ["EnvFactory", "EnvConfigError", "UnsupportedSpaceError", "VectorizedEnvTarget"]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -12,14 +12,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from maze_cli.errors import ConfigError
+from maze_cli.errors import UnsupportedSpaceError
 from maze_cli.records import TensorSpec
 
 OBS_KEY = "obs"  # the key of an observation that is not a Dict (the env's own, under core inputs too)
-
-
-class UnsupportedSpaceError(ConfigError):
-    """A space maze_cli cannot map to tensors."""
 
 
 def _numpy_to_torch_dtype(dtype: np.dtype) -> torch.dtype:

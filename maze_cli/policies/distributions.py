@@ -12,6 +12,8 @@ import gymnasium as gym
 import torch
 import torch.nn.functional as F
 
+from maze_cli.errors import UnsupportedSpaceError
+
 _LOG_2PI = math.log(2 * math.pi)
 
 
@@ -139,6 +141,4 @@ def make_distribution(space: gym.Space) -> ActionDistribution:
         return MultiCategorical(list(space.nvec.flatten()))
     if isinstance(space, gym.spaces.Box):
         return DiagGaussian(int(torch.tensor(space.shape).prod()))
-    from maze_cli.envs.spaces import UnsupportedSpaceError
-
     raise UnsupportedSpaceError(f"action space {space!r} is not supported; use Discrete, MultiDiscrete or Box")
