@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from maze_cli.cli.train import objective
+from maze_cli.cli.sweep import objective
 from maze_cli.config.schema import EvalConfig, SweepConfig
 from tests.cli import TRAIN
 

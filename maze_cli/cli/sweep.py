@@ -1,4 +1,5 @@
-"""After a multirun (`train -m ...`): `summary.csv` and `summary.png` in the sweep dir.
+"""A run's objective (what `train` returns to a sweeper), and after a multirun (`train -m ...`):
+`summary.csv` and `summary.png` in the sweep dir.
 
 One CSV row per job (its overrides, best and final return, env steps, wall time; returns are eval
 returns when the jobs evaluated; its objective, what `train` returned to the sweeper). The plot shows that same return and, beside it, the training
@@ -19,8 +20,10 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from maze_cli.config.schema import TrainConfig
 from maze_cli.disk import STOPPED_BY_FULL_DISK, DiskFull, writing
 from maze_cli.stats.plots import read_stats
+from maze_cli.stats.writers import read_rows
 
 log = logging.getLogger("maze_cli")
 
@@ -43,6 +46,16 @@ def objective_of(rows: list[dict[str, Any]], key: str | None, reduce: str, evalu
     if not values and key == "train/return_window_mean":
         values = [float(row["train/return_mean"]) for row in rows if isinstance(row.get("train/return_mean"), (int, float))]
     return (REDUCTIONS[reduce](values) if values else math.nan), key
+
+
+def objective(run_dir: Path, t: TrainConfig) -> float:
+    """The run's objective for a sweeper, from its stats.jsonl (every epoch, over any resumes):
+    `sweep.objective` reduced by `sweep.reduce` (`objective_of`). NaN where no epoch has the key
+    (a sweeper counts the trial failed)."""
+    value, key = objective_of(read_rows(run_dir / "stats.jsonl"), t.sweep.objective, t.sweep.reduce, t.eval.interval > 0)
+    if math.isnan(value):
+        log.warning(f"sweep.objective: no epoch of the run has '{key}'; the objective is NaN")
+    return value
 
 
 def _job_objective(job_dir: Path, stats: list[dict[str, Any]]) -> tuple[float, str]:

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from maze_cli.cli import leave_quickly
 from maze_cli.cli.errors import explain, exit_code
 from maze_cli.cli.paths import config_dir
+from maze_cli.cli.sweep import objective
 from maze_cli.config.schema import NoEnvError, register_configs, validate
 from maze_cli.disk import STOPPED_BY_FULL_DISK, DiskFull, check_writable_dir, is_disk_full, is_unwritable, quiet_full_disk_in_log_files, unwritable_message
 from maze_cli.errors import ConfigError, NonFiniteLoss, TrainingDiverged
@@ -221,19 +222,6 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
                "objective": objective(run_dir, t)}
     callbacks.train_end(summary)
     return summary
-
-
-def objective(run_dir: Path, t) -> float:
-    """The run's objective for a sweeper, from its stats.jsonl (every epoch, over any resumes):
-    `sweep.objective` reduced by `sweep.reduce` (maze_cli.cli.sweep.objective_of). NaN where no
-    epoch has the key (a sweeper counts the trial failed)."""
-    from maze_cli.cli.sweep import objective_of
-    from maze_cli.stats.writers import read_rows
-
-    value, key = objective_of(read_rows(run_dir / "stats.jsonl"), t.sweep.objective, t.sweep.reduce, t.eval.interval > 0)
-    if math.isnan(value):
-        log.warning(f"sweep.objective: no epoch of the run has '{key}'; the objective is NaN")
-    return value
 
 
 def _warm_start(learner, t, trusted) -> bool:
