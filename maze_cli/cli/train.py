@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import signal
 import sys
@@ -22,7 +21,7 @@ from hydra.errors import ConfigCompositionException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from maze_cli.cli import leave_quickly
+from maze_cli.cli import leave_quickly, resume
 from maze_cli.cli.errors import explain, exit_code
 from maze_cli.cli.paths import config_dir
 from maze_cli.cli.sweep import objective
@@ -52,11 +51,6 @@ def _env_options() -> list[str]:
 
 RUN_DIR_FIX = "choose a writable place with hydra.run.dir=<dir> (hydra.sweep.dir=<dir> with -m) or make it writable"
 
-# Keys a resumed run may change; everything else comes from the run's saved config.
-RESUMABLE_KEYS = {"max_env_steps", "max_time_s", "target_return", "target_window", "epoch_length", "eval", "checkpoint",
-                  "device", "torch_threads", "learner", "resume", "trust_checkpoint", "callbacks", "sweep"}
-
-
 class Terminated(KeyboardInterrupt):
     """SIGTERM, handled like Ctrl-C (actors stopped, last.pt written) but exiting with 143."""
 
@@ -65,33 +59,17 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
-def _resumed_config(cfg: DictConfig) -> DictConfig:
-    """The saved config of the run in `cfg.resume`, with this command's budget overrides on top."""
-    run_dir = Path(cfg.resume)
-    if not (run_dir / "config.yaml").is_file() or not (run_dir / "checkpoints" / "last.pt").is_file():
-        raise ConfigError(f"resume={cfg.resume}: not a run dir with config.yaml and checkpoints/last.pt")
-    saved = OmegaConf.load(run_dir / "config.yaml")
-    changed = {o.split("=", 1)[0].lstrip("+~").split(".")[0] for o in HydraConfig.get().overrides.task} - {"tuning"}
-    bad = sorted(changed - RESUMABLE_KEYS)
-    if bad:
-        raise ConfigError(f"{bad[0]}: cannot change when resuming; only {', '.join(sorted(RESUMABLE_KEYS - {'resume'}))} may change")
-    OmegaConf.set_struct(saved, False)
-    for key in changed:
-        saved[key] = cfg[key]
-    return saved
-
-
 def run_train(cfg: DictConfig) -> dict:
     """The task: everything after composition. Returns a summary of the run, with its `objective`
     (what a sweeper optimizes: `sweep.objective`)."""
     started = time.perf_counter()
     if cfg.get("resume"):
-        cfg = _resumed_config(cfg)
+        cfg = resume.resumed_config(cfg, HydraConfig.get().overrides.task)
     settings = validate(cfg, _env_options())
     resumed_from = None  # last.pt of the run to resume, read once
     if settings.train.resume:
-        resumed_from = _read_last_checkpoint(settings.train)
-        finished = _finished(resumed_from, Path(settings.train.resume), settings.train)
+        resumed_from = resume.read_last_checkpoint(settings.train)
+        finished = resume.finished(resumed_from, Path(settings.train.resume), settings.train)
         if finished is not None:
             print(finished)  # not logged: train.log stays as it was
             return {"stop_reason": "finished", "env_steps": None, "time_s": 0.0,
@@ -122,15 +100,6 @@ def _stopped_by_full_disk(err: Exception, run_dir: Path) -> DiskFull:
     then = (f"the last good checkpoint {last} is intact: free space there, then `train resume={run_dir}` continues the run"
             if last.is_file() else "no checkpoint was written before it: free space there and start the run again")
     return DiskFull(full.path, f"{full}; training stopped, actors stopped; {then}")
-
-
-def _read_last_checkpoint(t) -> dict:
-    """`resume=`: the run's last.pt, read once, before anything starts: whether the run is finished
-    is judged on it, and the trainer restores it."""
-    from maze_cli.checkpoint import load_checkpoint
-
-    run_dir = Path(t.resume)
-    return load_checkpoint(run_dir / "checkpoints" / "last.pt", t.trust_checkpoint, where=f"resume={run_dir}")
 
 
 def _warm_up_actor_processes(settings) -> None:
@@ -193,9 +162,9 @@ def _train(cfg, settings, config, env_factory, observation_space, action_space, 
     trainer.on_best_snapshot = checkpointer.save_best_snapshot
     trainer.before_others_go_on = checkpointer.take_followers_state
     if t.resume:
-        _restore(checkpointer, resumed_from, trainer, jsonl, tensorboard, run_dir)
+        resume.restore(checkpointer, resumed_from, trainer, jsonl, tensorboard, run_dir)
         if reproducible:
-            _restore_actors(checkpointer, resumed_from)
+            resume.restore_actors(checkpointer, resumed_from)
     if group is not None:  # every learner starts from learner 0's state: weights, optimizer, statistics (and a resume's own)
         group.broadcast_object({"learner": run.learner.state_dict(), "resume": checkpointer.followers_resume})
     log.info(f"run dir: {run_dir}")
@@ -288,27 +257,6 @@ def _background_eval(settings) -> bool:
         return False
     busy = n_actors + t.learner.num_learners * t.torch_threads
     return (os.cpu_count() or 1) > busy
-
-
-def _restore(checkpointer, saved: dict, trainer, jsonl, tensorboard, run_dir: Path) -> None:
-    """`resume=`: the learner, trainer and counters from last.pt (`saved`); the rows stats.jsonl and
-    TensorBoard got after it are rolled back, as those epochs are trained again."""
-    checkpointer.restore(saved)
-    dropped = jsonl.rewind(trainer.epoch, trainer.env_steps)
-    tensorboard.rewind(trainer.epoch, trainer.env_steps)
-    log.info(f"resumed {run_dir} at epoch {trainer.epoch}, {trainer.env_steps:,} env steps"
-             + (f" (its last checkpoint; the {dropped} epoch rows written after it are trained again)" if dropped else ""))
-
-
-def _restore_actors(checkpointer, saved: dict) -> None:
-    """A reproducible run's resume: the actors (every learner's) go on from the state saved with last.pt,
-    so that the run is the one that never stopped; where they cannot, one line says from where it no longer is."""
-    why = checkpointer.restore_actors(saved)
-    if why is None:
-        log.info("runner.reproducible: the actors go on from their saved state; the run goes on as the one that never stopped")
-    else:
-        log.warning(f"runner.reproducible: the actors' envs start anew ({why}), so from here on the run is not the one that "
-                    f"never stopped")
 
 
 def _run_to_the_end(run, trainer, checkpointer, files: list, trackers: list, run_dir: Path, broadcast_first: bool,
@@ -492,26 +440,6 @@ def _summary_line(result, trained_s: float, best_eval: float | None, checkpoints
             f"({wall_s:.1f} s wall time of this command); {best}")
 
 
-def _finished(saved: dict, run_dir: Path, t) -> str | None:
-    """For `resume=` of a run whose last.pt (`saved`) already reached its stop condition (under this
-    command's budget): the message saying so and which key would extend it; None if it has more to do."""
-    reason, trainer = saved.get("stop_reason"), saved.get("trainer") or {}
-    steps, time_s = trainer.get("env_steps", 0), trainer.get("time_s", 0.0)
-    window = trainer.get("window") or []
-    reached_target = t.target_return is not None and (
-        (trainer.get("best_eval") or -math.inf) >= t.target_return if t.eval.interval > 0
-        else len(window) >= t.target_window and sum(window[-t.target_window:]) / t.target_window >= t.target_return)
-    extend = {
-        "max_env_steps": f"max_env_steps (e.g. max_env_steps={2 * steps})" if steps >= t.max_env_steps else None,
-        "max_time_s": f"max_time_s (e.g. max_time_s={2 * time_s:.0f})" if t.max_time_s is not None and time_s >= t.max_time_s else None,
-        "target_return": "target_return (or target_return=null to run for the budget)" if reached_target else None,
-    }.get(reason)
-    if extend is None:
-        return None
-    return (f"resume={run_dir}: the run is finished (stopped by {reason} after {steps:,} env steps, epoch "
-            f"{trainer.get('epoch', 0)}); nothing was changed. To train on, raise {extend}")
-
-
 def _short(target: str) -> str:
     return target.rsplit(".", 1)[-1]
 
@@ -593,14 +521,14 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # composition errors reach us; we print them for humans
     # A job a script starts in the background inherits SIGINT as ignored: `kill -INT` must still stop it gracefully.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    resume = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("resume=")), None)
+    resume_dir = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("resume=")), None)
     # `init_from=<path>` is short for init_from.path=<path>, so that init_from.optimizer=... may come beside it.
     sys.argv[1:] = [f"init_from.path={a.split('=', 1)[1]}" if a.startswith("init_from=") else a for a in sys.argv[1:]]
-    if resume and not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
+    if resume_dir and not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
         # A resumed run continues in its own dir; Hydra's record of the first command stays as it was.
-        sys.argv += [f"hydra.run.dir={resume}", "hydra.output_subdir=null"]
+        sys.argv += [f"hydra.run.dir={resume_dir}", "hydra.output_subdir=null"]
     asks_help = any(a in ("--help", "-h") for a in sys.argv[1:])
-    if (resume or asks_help) and not any(a.startswith(("tuning=", "+env=", "env=")) for a in sys.argv[1:]):
+    if (resume_dir or asks_help) and not any(a.startswith(("tuning=", "+env=", "env=")) for a in sys.argv[1:]):
         # train.yaml picks tuning/<env>_<algorithm>; a resumed run names no env (its saved config holds every
         # value), nor need `train --help`.
         sys.argv.append("tuning=none")

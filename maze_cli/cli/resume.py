@@ -1,0 +1,95 @@
+"""`resume=<run dir>`: a stopped run goes on from its last checkpoint, under the config it was started with.
+
+Only the budget and the run's housekeeping may change (`RESUMABLE_KEYS`); a run that already reached
+its stop condition is left as it is, with one line saying which key would extend it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+from omegaconf import DictConfig, OmegaConf
+
+from maze_cli.config.schema import TrainConfig
+from maze_cli.errors import ConfigError
+
+if TYPE_CHECKING:  # the session's types; importing them loads torch, which `train` loads only after validation
+    from maze_cli.checkpoint import Checkpointer
+    from maze_cli.stats.writers import JsonlWriter, TensorBoardWriter
+    from maze_cli.training import Trainer
+
+log = logging.getLogger("maze_cli")
+
+# Keys a resumed run may change; everything else comes from the run's saved config.
+RESUMABLE_KEYS = {"max_env_steps", "max_time_s", "target_return", "target_window", "epoch_length", "eval", "checkpoint",
+                  "device", "torch_threads", "learner", "resume", "trust_checkpoint", "callbacks", "sweep"}
+
+
+def resumed_config(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
+    """The saved config of the run in `cfg.resume`, with this command's budget `overrides` on top."""
+    run_dir = Path(cfg.resume)
+    if not (run_dir / "config.yaml").is_file() or not (run_dir / "checkpoints" / "last.pt").is_file():
+        raise ConfigError(f"resume={cfg.resume}: not a run dir with config.yaml and checkpoints/last.pt")
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    changed = {o.split("=", 1)[0].lstrip("+~").split(".")[0] for o in overrides} - {"tuning"}
+    bad = sorted(changed - RESUMABLE_KEYS)
+    if bad:
+        raise ConfigError(f"{bad[0]}: cannot change when resuming; only {', '.join(sorted(RESUMABLE_KEYS - {'resume'}))} may change")
+    OmegaConf.set_struct(saved, False)
+    for key in changed:
+        saved[key] = cfg[key]
+    return saved
+
+
+def read_last_checkpoint(t: TrainConfig) -> dict[str, Any]:
+    """The run's last.pt, read once, before anything starts: whether the run is finished is judged
+    on it, and the trainer restores it."""
+    from maze_cli.checkpoint import load_checkpoint  # loads torch: here only for resume=
+
+    run_dir = Path(t.resume)
+    return load_checkpoint(run_dir / "checkpoints" / "last.pt", t.trust_checkpoint, where=f"resume={run_dir}")
+
+
+def finished(saved: dict[str, Any], run_dir: Path, t: TrainConfig) -> str | None:
+    """For a run whose last.pt (`saved`) already reached its stop condition (under this command's
+    budget): the message saying so and which key would extend it; None if it has more to do."""
+    reason, trainer = saved.get("stop_reason"), saved.get("trainer") or {}
+    steps, time_s = trainer.get("env_steps", 0), trainer.get("time_s", 0.0)
+    window = trainer.get("window") or []
+    reached_target = t.target_return is not None and (
+        (trainer.get("best_eval") or -math.inf) >= t.target_return if t.eval.interval > 0
+        else len(window) >= t.target_window and sum(window[-t.target_window:]) / t.target_window >= t.target_return)
+    extend = {
+        "max_env_steps": f"max_env_steps (e.g. max_env_steps={2 * steps})" if steps >= t.max_env_steps else None,
+        "max_time_s": f"max_time_s (e.g. max_time_s={2 * time_s:.0f})" if t.max_time_s is not None and time_s >= t.max_time_s else None,
+        "target_return": "target_return (or target_return=null to run for the budget)" if reached_target else None,
+    }.get(reason)
+    if extend is None:
+        return None
+    return (f"resume={run_dir}: the run is finished (stopped by {reason} after {steps:,} env steps, epoch "
+            f"{trainer.get('epoch', 0)}); nothing was changed. To train on, raise {extend}")
+
+
+def restore(checkpointer: Checkpointer, saved: dict[str, Any], trainer: Trainer, jsonl: JsonlWriter,
+            tensorboard: TensorBoardWriter, run_dir: Path) -> None:
+    """The learner, trainer and counters from last.pt (`saved`); the rows stats.jsonl and
+    TensorBoard got after it are rolled back, as those epochs are trained again."""
+    checkpointer.restore(saved)
+    dropped = jsonl.rewind(trainer.epoch, trainer.env_steps)
+    tensorboard.rewind(trainer.epoch, trainer.env_steps)
+    log.info(f"resumed {run_dir} at epoch {trainer.epoch}, {trainer.env_steps:,} env steps"
+             + (f" (its last checkpoint; the {dropped} epoch rows written after it are trained again)" if dropped else ""))
+
+
+def restore_actors(checkpointer: Checkpointer, saved: dict[str, Any]) -> None:
+    """A reproducible run's resume: the actors (every learner's) go on from the state saved with last.pt,
+    so that the run is the one that never stopped; where they cannot, one line says from where it no longer is."""
+    why = checkpointer.restore_actors(saved)
+    if why is None:
+        log.info("runner.reproducible: the actors go on from their saved state; the run goes on as the one that never stopped")
+    else:
+        log.warning(f"runner.reproducible: the actors' envs start anew ({why}), so from here on the run is not the one that "
+                    f"never stopped")
