@@ -80,12 +80,13 @@ def run_train(cfg: DictConfig) -> dict:
     _warm_up_actor_processes(settings)
     env_factory, observation_space, action_space = _prepare_this_process(settings)
     from maze_cli.cli.build import trusted_targets  # (torch is loaded by now)
+    from maze_cli.cli.learners import start_other_learners
 
     config = OmegaConf.to_container(cfg, resolve=True)
     trusted = trusted_targets(config)
     try:
         with contextlib.ExitStack() as closing:  # the other learners, stopped however this function ends
-            group = _start_other_learners(settings, config, closing)
+            group = start_other_learners(settings, config, closing)
             return _train(cfg, settings, config, env_factory, observation_space, action_space, trusted, resumed_from, group, started)
     except Exception as err:
         if is_disk_full(err):
@@ -324,81 +325,6 @@ def _close(writers: list, failing: bool) -> None:
             first = first or err
     if first is not None and not failing:
         raise first
-
-
-def _start_other_learners(settings, config: dict, closing: contextlib.ExitStack):
-    """With `learner.num_learners` > 1: start learners 1..N-1, wait until they join, and return this
-    process's place among them (learner 0); None for one learner. They are stopped when `closing` closes."""
-    options = settings.train.learner
-    if options.num_learners == 1:
-        return None
-    from maze_cli.distributed import LearnerGroup, backend_for
-
-    on_ray = _runs_on_ray(settings)
-    check_learners(settings, on_ray)
-    backend = backend_for(settings.train.device)
-    if on_ray:
-        from maze_cli.parallel.learners import RayLearners
-        from maze_cli.parallel.ray_backend import connect
-
-        runner = settings.runner
-        actors_cpus = runner.get("n_actors", 1) * runner.get("num_cpus_per_actor", 1.0)
-        learners_cpus = (options.num_learners - 1) * options.num_cpus_per_learner
-        others = f"{options.num_learners - 1} learner{'s' if options.num_learners > 2 else ''} beside this one"
-        if connect(runner.get("address"), actors_cpus + learners_cpus, f"{others} and {runner.get('n_actors', 1)} actors"):
-            import ray
-
-            closing.callback(ray.shutdown)  # last: after the learners and every actor are gone
-        peers = closing.enter_context(RayLearners(config, options.num_learners, options.collective_timeout_s, backend,
-                                                  options.num_cpus_per_learner, options.num_gpus_per_learner))
-    else:
-        from maze_cli.parallel.learners import LearnerProcesses
-        from maze_cli.start_methods import default_start_method
-
-        peers = closing.enter_context(LearnerProcesses(config, options.num_learners, options.collective_timeout_s, backend,
-                                                       settings.runner.get("start_method") or default_start_method()))
-    peers.wait_ready(timeout_s=max(120.0, options.collective_timeout_s))
-    group = LearnerGroup(peers.spec, store=peers.store)
-    closing.callback(group.close)
-    group.explain = peers.failure
-    log.info(f"learner.num_learners={options.num_learners}: {', '.join(peers.describe())} joined learner 0 (this process)")
-    return group
-
-
-def _runs_on_ray(settings) -> bool:
-    """Whether the runner's actors are Ray actors (then so are the learners beside learner 0)."""
-    from hydra.utils import get_class
-
-    from maze_cli.parallel.ray_backend import RayDistributedActors
-
-    try:
-        return issubclass(get_class(settings.runner._target_), RayDistributedActors)
-    except Exception:  # noqa: BLE001 - a runner class that cannot be imported fails later with its own message
-        return False
-
-
-def check_learners(settings, on_ray: bool = False) -> None:
-    """`learner.num_learners` fits the run and the machine: each learner needs an actor of its own,
-    and on CUDA a GPU of its own: one of this machine's, or with Ray learners one Ray gives it (the
-    cluster's GPUs are checked when they are placed). One line naming the key, before anything starts."""
-    import torch
-
-    options = settings.train.learner
-    n = options.num_learners
-    n_actors = settings.runner.get("n_actors")
-    if n_actors is not None and n_actors < n:
-        raise ConfigError(f"learner.num_learners={n}: each learner needs actors of its own, and runner.n_actors={n_actors}; "
-                          f"set runner.n_actors to {n} or more (they are shared out among the learners)")
-    if torch.device(settings.train.device).type != "cuda":
-        return
-    if on_ray:
-        if options.num_gpus_per_learner <= 0:
-            raise ConfigError(f"learner.num_learners={n} with device={settings.train.device} and runner=ray: each learner's Ray "
-                              f"actor needs a GPU; set learner.num_gpus_per_learner=1")
-        return
-    if torch.cuda.device_count() < n:
-        raise ConfigError(f"learner.num_learners={n} with device={settings.train.device}: each learner needs a GPU of its own "
-                          f"and this machine has {torch.cuda.device_count()}; use learner.num_learners={torch.cuda.device_count()}")
 
 
 def _warn_images_with_mlp(settings, observation_space) -> None:
