@@ -30,3 +30,16 @@ def interrupts_deferred() -> Iterator[None]:
             signal.signal(sig, handler)
         for sig in dict.fromkeys(caught):
             signal.raise_signal(sig)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C (actors stopped, last.pt written) but exiting with 143."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def raise_terminated_on_sigterm() -> None:
+    """From now on SIGTERM raises `Terminated` in the main thread, so that a run it stops ends as on Ctrl-C."""
+    signal.signal(signal.SIGTERM, _raise_terminated)

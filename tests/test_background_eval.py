@@ -11,6 +11,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from maze_cli.cli.session import _background_eval
 from maze_cli.evaluation import BackgroundEvaluation, Snapshot
 from maze_cli.training import Budget, Trainer
 from tests.cli import run_train
@@ -108,8 +109,6 @@ def test_a_failing_snapshot_evaluation_is_skipped_and_training_goes_on(caplog):
     (False, "maze_cli.parallel.SubprocDistributedActors", 2, 1, 16, False),
 ])
 def test_background_evaluation_is_on_where_a_core_is_left_over(monkeypatch, background, runner, n_actors, threads, cores, expected):
-    from maze_cli.cli.train import _background_eval
-
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     settings = SimpleNamespace(
         train=SimpleNamespace(eval=SimpleNamespace(background=background), learner=SimpleNamespace(num_learners=1), torch_threads=threads),

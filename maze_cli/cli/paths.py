@@ -11,3 +11,6 @@ def config_dir() -> Path:
     if (source_tree / "train.yaml").is_file():
         return source_tree
     return Path(str(resources.files("maze_cli") / "conf"))
+
+
+RUN_DIR_FIX = "choose a writable place with hydra.run.dir=<dir> (hydra.sweep.dir=<dir> with -m) or make it writable"
