@@ -23,8 +23,13 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from maze_cli.distributed import GroupSpec, LearnerFailure
-from maze_cli.errors import MazeCliError, first_line
+import torch
+from omegaconf import OmegaConf
+
+from maze_cli.distributed import GroupSpec, LearnerFailure, LearnerGroup, main_store, silent_learners
+from maze_cli.errors import ConfigError, MazeCliError, first_line
+from maze_cli.parallel.ray_backend import _died_reason, shortfall
+from maze_cli.seeding import derive_seed, deterministic_torch, seed_everything
 
 log = logging.getLogger("maze_cli")
 _STOP_GRACE_S = 10.0  # a learner told to stop has this long to stop its actors before it is killed
@@ -51,12 +56,9 @@ class PreparedLearner:
 
 def prepare_learner(task: LearnerTask) -> PreparedLearner:
     """Learner `task.group.rank` > 0, first part: the run's settings and env from the config."""
-    import torch
-    from omegaconf import OmegaConf
-
+    # A learner's run is built as learner 0's is, by the layers above this one: imported in its process only.
     from maze_cli.cli.build import check_env
     from maze_cli.config.schema import register_configs, validate
-    from maze_cli.seeding import derive_seed, deterministic_torch, seed_everything
 
     register_configs()
     settings = validate(OmegaConf.create(task.config), [])
@@ -71,9 +73,9 @@ def prepare_learner(task: LearnerTask) -> PreparedLearner:
 def follow_learner(prepared: PreparedLearner) -> None:
     """Learner `rank` > 0, second part: join the group, build its run (its share of the actors), take
     learner 0's state and follow learner 0 until it says stop."""
+    # (the layers above this one, as in prepare_learner)
     from maze_cli.checkpoint import follower_state, restore_follower_state
     from maze_cli.cli.build import build_run, trusted_targets
-    from maze_cli.distributed import LearnerGroup
     from maze_cli.training import follow
 
     task, settings = prepared.task, prepared.settings
@@ -145,8 +147,6 @@ class LearnerProcesses:
     """Learners 1..N-1 as subprocesses of this machine, on loopback."""
 
     def __init__(self, config: dict[str, Any], world_size: int, timeout_s: float, backend: str, start_method: str):
-        from maze_cli.distributed import main_store
-
         self.world_size = world_size
         self.store = main_store("127.0.0.1", world_size, timeout_s)
         self.spec = GroupSpec(0, world_size, "127.0.0.1", self.store.port, timeout_s, backend)
@@ -279,8 +279,6 @@ class RayLearners:
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from maze_cli.distributed import main_store
-
         self.world_size = world_size
         self.handles: list[Any] = []
         self.runs: list[Any] = []
@@ -375,8 +373,6 @@ class RayLearners:
 def _silent_learners(store: Any, world_size: int, err: Exception) -> str:
     """Why a collective failed when no learner died or raised: the learners that stopped answering
     (their heartbeat stood still), else the collective's own error."""
-    from maze_cli.distributed import silent_learners
-
     try:
         silent = silent_learners(store, world_size)
     except RuntimeError:
@@ -391,10 +387,6 @@ def _silent_learners(store: Any, world_size: int, err: Exception) -> str:
 
 def _check_cluster_holds(total: dict[str, float], bundle: dict[str, float], world_size: int) -> None:
     """One line before anything starts where the whole cluster lacks what the learners need."""
-    from maze_cli.errors import ConfigError
-
-    from maze_cli.parallel.ray_backend import shortfall
-
     n = world_size - 1
     short = shortfall(total, bundle, n)
     if short:
@@ -408,8 +400,6 @@ def _check_cluster_holds(total: dict[str, float], bundle: dict[str, float], worl
 def _ray_reason(err: Exception) -> str:
     """A learner's error from Ray's, short: the learner's own message where it raised one (a
     MazeCliError is the user's to read), else how its actor process died."""
-    from maze_cli.parallel.ray_backend import _died_reason
-
     cause = getattr(err, "cause", None)
     if isinstance(cause, MazeCliError):
         return str(cause)
