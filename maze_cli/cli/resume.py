@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from maze_cli.config.schema import TrainConfig
 from maze_cli.errors import ConfigError
 
-if TYPE_CHECKING:  # the session's types; importing them loads torch, which `train` loads only after validation
+if TYPE_CHECKING:  # the session's types: `train` imports their modules once the config is valid
     from maze_cli.checkpoint import Checkpointer
     from maze_cli.stats.writers import JsonlWriter, TensorBoardWriter
     from maze_cli.training import Trainer
@@ -47,7 +47,7 @@ def resumed_config(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
 def read_last_checkpoint(t: TrainConfig) -> dict[str, Any]:
     """The run's last.pt, read once, before anything starts: whether the run is finished is judged
     on it, and the trainer restores it."""
-    from maze_cli.checkpoint import load_checkpoint  # loads torch: here only for resume=
+    from maze_cli.checkpoint import load_checkpoint  # the session's module: needed before it only with resume=
 
     run_dir = Path(t.resume)
     return load_checkpoint(run_dir / "checkpoints" / "last.pt", t.trust_checkpoint, where=f"resume={run_dir}")

@@ -66,7 +66,7 @@ def run_train(cfg: DictConfig) -> dict:
             print(finished)  # not logged: train.log stays as it was
             return {"stop_reason": "finished", "env_steps": None, "time_s": 0.0,
                     "objective": objective(Path(settings.train.resume), settings.train)}
-    from maze_cli.cli.session import run_session  # the run's modules (torch): after validation, so bad input fails fast
+    from maze_cli.cli.session import run_session  # the run's modules, loaded once the config is valid
 
     return run_session(cfg, settings, Path(HydraConfig.get().runtime.output_dir), resumed_from, started)
 
