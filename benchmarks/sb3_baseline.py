@@ -4,8 +4,10 @@
     python benchmarks/sb3_baseline.py ppo-acrobot --seed 1    # PPO, rl-zoo Acrobot-v1 settings, to a 100-episode mean of -100
     python benchmarks/sb3_baseline.py ppo-pendulum --seed 1   # PPO, rl-zoo Pendulum-v1 settings, to a 10-episode mean of -200
     python benchmarks/sb3_baseline.py sac --seed 1            # SAC, rl-zoo Pendulum-v1 settings, to a 10-episode mean of -200
+    python benchmarks/sb3_baseline.py dqn --seed 1 --eval-every 1024           # DQN, rl-zoo CartPole-v1 settings
+    python benchmarks/sb3_baseline.py dqn-acrobot --seed 1 --eval-every 1024   # DQN, rl-zoo Acrobot-v1 settings
 
-Hyperparameters are rl-baselines3-zoo's (hyperparams/ppo.yml, sac.yml). PPO runs for the zoo's
+Hyperparameters are rl-baselines3-zoo's (hyperparams/ppo.yml, sac.yml, dqn.yml). PPO runs for the zoo's
 n_timesteps, because its linear schedules anneal over exactly that many steps, and stops early once
 the mean return of the last `window` finished training episodes reaches the target (no separate
 evaluation), the rule maze_cli's `eval.interval=0 target_window=<window>` applies; or, with
@@ -43,11 +45,21 @@ TASKS: dict[str, dict[str, Any]] = {
     "sac": dict(algo="sac", env="Pendulum-v1", target=-200.0, window=10, total_timesteps=100_000, n_envs=1, normalize=False,
                 hyperparams=dict(learning_rate=1e-3, use_sde=True)),
 }
+# DQN: rl-zoo's exploration schedules run over n_timesteps (exploration_fraction of it)
+TASKS["dqn"] = dict(algo="dqn", env="CartPole-v1", target=475.0, window=100, total_timesteps=50_000, n_envs=1, normalize=False,
+                    hyperparams=dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000, gamma=0.99,
+                                     target_update_interval=10, train_freq=256, gradient_steps=128, exploration_fraction=0.16,
+                                     exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256])))
+TASKS["dqn-acrobot"] = dict(algo="dqn", env="Acrobot-v1", target=-100.0, window=100, total_timesteps=100_000, n_envs=1,
+                            normalize=False,
+                            hyperparams=dict(learning_rate=6.3e-4, batch_size=128, buffer_size=50_000, learning_starts=0, gamma=0.99,
+                                             target_update_interval=250, train_freq=4, gradient_steps=-1, exploration_fraction=0.12,
+                                             exploration_final_eps=0.1, policy_kwargs=dict(net_arch=[256, 256])))
 TASKS["ppo-cartpole"] = TASKS["ppo"]
 
 
 def make_model(name: str, seed: int):
-    from stable_baselines3 import PPO, SAC
+    from stable_baselines3 import DQN, PPO, SAC
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
@@ -56,7 +68,7 @@ def make_model(name: str, seed: int):
     env = make_vec_env(task["env"], n_envs=task["n_envs"], seed=seed)
     if task["normalize"]:
         env = VecNormalize(env, gamma=task["hyperparams"].get("gamma", 0.99))
-    algo = {"ppo": PPO, "sac": SAC}[task["algo"]]
+    algo = {"ppo": PPO, "sac": SAC, "dqn": DQN}[task["algo"]]
     return algo("MlpPolicy", env, seed=seed, device="cpu", **task["hyperparams"])
 
 

@@ -199,10 +199,13 @@ class RolloutInfo:
 
 @dataclass
 class Transitions:
-    """Flat single-step transitions `[N, ...]`, what an off-policy learner trains on.
+    """Flat transitions `[N, ...]`, what an off-policy learner trains on.
 
     `next_observations` is the real successor of `observations` (the final observation for a
-    truncated episode), and `terminated` says whether bootstrapping from it must stop.
+    truncated episode), and `terminated` says whether bootstrapping from it must stop. With n-step
+    returns, `rewards` is the discounted sum of the `horizon` rewards between the two (at most n:
+    fewer where the episode or the rollout ends first), and the bootstrap is discounted by
+    gamma^horizon; `horizon` None means single steps.
     """
 
     observations: dict[str, torch.Tensor]
@@ -210,14 +213,16 @@ class Transitions:
     rewards: torch.Tensor
     next_observations: dict[str, torch.Tensor]
     terminated: torch.Tensor
+    horizon: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.actions.shape[0]
 
     @staticmethod
-    def from_rollout(rollout: Rollout) -> "Transitions":
+    def from_rollout(rollout: Rollout, n_step: int = 1, gamma: float = 1.0) -> "Transitions":
         """Split a time-major rollout `[T, B]` into `T*B` transitions (it must hold no autoreset steps:
-        replay workers step their envs one by one)."""
+        replay workers step their envs one by one); with `n_step` > 1, n-step ones (discount `gamma`)
+        that end where an episode ends or the rollout does."""
         T, B = rollout.n_steps, rollout.n_envs
         if rollout.autoreset.any():
             raise ValueError("a rollout with autoreset steps cannot be split into transitions; build its envs with vectorize=False")
@@ -226,17 +231,25 @@ class Transitions:
         def flat(t: torch.Tensor) -> torch.Tensor:
             return t.reshape(T * B, *t.shape[2:])
 
-        def successor(key: str) -> torch.Tensor:
+        def successors(key: str) -> torch.Tensor:
             nxt = rollout.observations[key][1:]
             mask = truncated.reshape(T, B, *([1] * (nxt.dim() - 2)))
-            return flat(torch.where(mask, rollout.final_observations[key], nxt))
+            return torch.where(mask, rollout.final_observations[key], nxt)
 
+        observations = {k: flat(v[:T]) for k, v in rollout.observations.items()}
+        if n_step == 1:
+            return Transitions(observations, flat(rollout.actions), flat(rollout.rewards),
+                               {k: flat(successors(k)) for k in rollout.observations}, flat(rollout.terminated))
+        returns, last = _n_step_returns(rollout.rewards, rollout.terminated | truncated, n_step, gamma)
+        envs = torch.arange(B).expand(T, B)
+        start = torch.arange(T).unsqueeze(1).expand(T, B)
         return Transitions(
-            observations={k: flat(v[:T]) for k, v in rollout.observations.items()},
+            observations=observations,
             actions=flat(rollout.actions),
-            rewards=flat(rollout.rewards),
-            next_observations={k: successor(k) for k in rollout.observations},
-            terminated=flat(rollout.terminated),
+            rewards=flat(returns),
+            next_observations={k: flat(successors(k)[last, envs]) for k in rollout.observations},
+            terminated=flat(rollout.terminated[last, envs]),
+            horizon=flat(last - start + 1).to(torch.int16),
         )
 
     def to(self, device: str | torch.device) -> "Transitions":
@@ -246,4 +259,26 @@ class Transitions:
             self.rewards.to(device),
             {k: v.to(device) for k, v in self.next_observations.items()},
             self.terminated.to(device),
+            None if self.horizon is None else self.horizon.to(device),
         )
+
+
+def _n_step_returns(rewards: torch.Tensor, ended: torch.Tensor, n: int, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each step t of `[T, B]` rewards: the discounted sum of rewards t..e and the last step e, where
+    e is t + n - 1, or earlier where an episode ends (`ended[e]`) or the rollout does (T - 1)."""
+    T, B = rewards.shape
+    envs = torch.arange(B).expand(T, B)
+    start = torch.arange(T).unsqueeze(1).expand(T, B)
+    returns = torch.zeros(T, B, dtype=torch.float32)
+    last = start.clone()
+    going = torch.ones(T, B, dtype=torch.bool)  # the n-step window from t still takes steps
+    discount = 1.0
+    for j in range(n):
+        step = start + j
+        going &= step < T
+        at = step.clamp(max=T - 1)
+        returns += torch.where(going, discount * rewards[at, envs].float(), 0.0)
+        last = torch.where(going, at, last)
+        going &= ~ended[at, envs]
+        discount *= gamma
+    return returns, last

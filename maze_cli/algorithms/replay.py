@@ -28,12 +28,12 @@ def check_feed_forward(policy: Any, parts: Components, algorithm: str) -> None:
 
 
 def replay_run(parts: Components, learner: Learner, hp: Any, blueprint: dict[str, Any],
-               split_rollouts_into_transitions: bool = True) -> Run:
+               split_rollouts_into_transitions: bool = True, n_step: int = 1) -> Run:
     """The run of an off-policy algorithm: actors that step their envs one by one (no autoreset
     steps, so every step is a transition) and fill the replay buffer, first with the initial
     sampling policy (`hp.initial_sampling_policy`: uniform random, a checkpoint or a class), and the
     replay loop. `hp` has the replay keys: n_rollout_steps, rollouts_per_iteration, batch_size,
-    initial_buffer_size, replay_ratio."""
+    initial_buffer_size, replay_ratio (and gamma, for `n_step` > 1: n-step transitions)."""
     policy = learner.policy
     initial = initial_sampling_policy(hp.initial_sampling_policy, parts.observation_space, parts.action_space, parts.load_policy)
     env_factory = getattr(parts.env_factory, "without_vectorization", lambda: parts.env_factory)()
@@ -41,7 +41,8 @@ def replay_run(parts: Components, learner: Learner, hp: Any, blueprint: dict[str
                                batch_size=hp.rollouts_per_iteration, initial_policy=initial_sampling_policy_or_random(policy, initial))
     workers = BaseDistributedWorkersWithBuffer(actors, parts.make_replay_buffer, batch_size=hp.batch_size,
                                                initial_buffer_size=hp.initial_buffer_size,
-                                               split_rollouts_into_transitions=split_rollouts_into_transitions)
+                                               split_rollouts_into_transitions=split_rollouts_into_transitions,
+                                               n_step=n_step, gamma=hp.gamma if n_step > 1 else 1.0)
     return Run(ReplayLoop(workers, learner, hp.replay_ratio), workers, learner, blueprint)
 
 
@@ -70,12 +71,16 @@ class ReplayLoop:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.credit, self.learning_steps = float(state["credit"]), int(state["learning_steps"])
 
-    def _collected(self, steps: int) -> float:
+    def _collected(self, learning_steps: int, env_steps: int) -> tuple[float, int]:
         """The transitions this iteration's updates are owed for: this learner's, or with several
         learners their mean, so that all of them make the same number of updates (each one a
-        collective) and each learner's replay ratio holds on average."""
+        collective) and each learner's replay ratio holds on average; and the env steps every
+        learner collected (the learner's count, which schedules such as DQN's epsilon follow)."""
         group = self.learner.group
-        return steps if group is None else group.sum([steps])[0] / group.world_size
+        if group is None:
+            return learning_steps, env_steps
+        learning, collected = group.sum([learning_steps, env_steps])
+        return learning / group.world_size, int(collected)
 
     def iteration(self) -> int:
         steps_before = self.workers.env_steps
@@ -88,7 +93,9 @@ class ReplayLoop:
             queue_before, _, _ = self.workers.collect_rollouts()
             new_steps = self.workers.env_steps - steps_before
             self.learning_steps += new_steps
-        self.credit += self.replay_ratio * self._collected(new_steps)
+        owed, collected = self._collected(new_steps, self.workers.env_steps - steps_before)
+        self.credit += self.replay_ratio * owed
+        self.learner.env_steps += collected
         t1 = time.perf_counter()
         sample_s = learn_s = 0.0
         n_updates = int(self.credit)

@@ -147,6 +147,7 @@ def _actors_factory(settings: Settings, algorithm: Algorithm, env_factory: EnvFa
     if world_size > 1 and "n_actors" in options:
         share = actors_share(n_actors, rank, world_size)
         options["n_actors"] = share.stop - share.start
+        options["first_actor"], options["run_actors"] = share.start, n_actors
         for key in ("actor_env_seeds", "actor_agent_seeds"):
             if options.get(key) is not None:
                 options[key] = list(options[key])[share]

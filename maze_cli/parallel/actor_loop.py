@@ -22,6 +22,7 @@ from torch import nn
 from maze_cli.envs.batch import make_env_batch
 from maze_cli.envs.info_stats import EpisodeInfoStats
 from maze_cli.envs.spaces import observation_specs
+from maze_cli.policies.base import Policy
 from maze_cli.records import Rollout, RolloutInfo
 
 
@@ -37,6 +38,8 @@ class Actor:
     until the first broadcast arrives (policy version 0).
     The policy's recurrent state is carried from step to step and across rollouts (reset by the
     policy where an episode starts); each record keeps the state at its rollout's start.
+    `run_envs` is (the run-wide ids of this actor's envs, the number of envs of the whole run), told
+    to the actor's copy of the policy (`Policy.for_envs`: Ape-X gives each env its own epsilon).
     """
 
     def __init__(
@@ -50,6 +53,7 @@ class Actor:
         agent_seed: int,
         initial_policy: nn.Module | None = None,
         snapshot: bytes | None = None,
+        run_envs: tuple[range, int] | None = None,
     ):
         self.index = index
         self.n_envs = n_envs
@@ -61,6 +65,8 @@ class Actor:
         self.episode_info = EpisodeInfoStats(info_stats, n_envs)
         self.reward_clip = getattr(env_factory, "reward_clip", None)  # the learner's rewards; stats keep the env's
         self.policy = copy.deepcopy(policy).requires_grad_(False)
+        if run_envs is not None and isinstance(self.policy, Policy):
+            self.policy.for_envs(*run_envs)
         self.initial_policy = initial_policy
         self.policy_version = 0
         self._rng_state = torch.Generator().manual_seed(agent_seed).get_state()

@@ -89,6 +89,8 @@ class DistributedActors(abc.ABC):
         max_policy_lag: int | None = None,
         on_policy: bool = False,
         reproducible: bool = False,
+        first_actor: int = 0,
+        run_actors: int | None = None,
     ):
         if n_actors < 1 or batch_size < 1 or n_rollout_steps < 1 or envs_per_actor < 1:
             raise ValueError("n_actors, batch_size, n_rollout_steps and envs_per_actor must be at least 1")
@@ -102,6 +104,10 @@ class DistributedActors(abc.ABC):
         self.actor_env_seeds = self._check_seeds("actor_env_seeds", actor_env_seeds, list(range(n_actors)))
         self.actor_agent_seeds = self._check_seeds("actor_agent_seeds", actor_agent_seeds, list(range(1000, 1000 + n_actors)))
         self.initial_policy = initial_policy
+        self.first_actor = first_actor
+        self.run_actors = n_actors if run_actors is None else run_actors
+        if not 0 <= first_actor <= self.run_actors - n_actors:
+            raise ValueError(f"actors {first_actor}..{first_actor + n_actors - 1} are not among the run's {self.run_actors}")
         if rollout_timeout_s is not None and rollout_timeout_s <= 0:
             raise ValueError("rollout_timeout_s must be positive (or None: no timeout)")
         if max_policy_lag is not None and max_policy_lag < 0:
@@ -131,6 +137,11 @@ class DistributedActors(abc.ABC):
         if len(seeds) != self.n_actors:
             raise ValueError(f"{name} has {len(seeds)} seeds; give one per actor ({self.n_actors})")
         return [int(s) for s in seeds]
+
+    def run_envs(self, index: int) -> tuple[range, int]:
+        """Actor `index`'s envs as run-wide ids, and the number of envs of the whole run."""
+        first = (self.first_actor + index) * self.envs_per_actor
+        return range(first, first + self.envs_per_actor), self.run_actors * self.envs_per_actor
 
     def _rollout_spec(self, policy: nn.Module) -> RolloutSpec:
         """Record shapes from the policy: its spaces, and its recurrent state per env (none for

@@ -55,13 +55,15 @@ def import_ray():
 class RayActorBody:
     """What runs inside one Ray actor: an `Actor` and a record it refills for every request."""
 
-    def __init__(self, index: int, env_seed: int, agent_seed: int, shared: tuple, snapshot: bytes | None = None):
+    def __init__(self, index: int, env_seed: int, agent_seed: int, shared: tuple, snapshot: bytes | None = None,
+                 run_envs: tuple[range, int] | None = None):
         """`shared` is (env_factory, policy, rollout spec, initial policy), the same for every actor;
-        `snapshot`, a resumed run's saved state of this actor (`Actor.snapshot`)."""
+        `snapshot`, a resumed run's saved state of this actor (`Actor.snapshot`); `run_envs`, where
+        its envs sit among the run's (`Actor`)."""
         env_factory, policy, spec, initial_policy = shared
         quiet_env_library_warnings()  # the learner's process shows them, once
         torch.set_num_threads(1)
-        self.actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy, snapshot)
+        self.actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy, snapshot, run_envs)
         self.record = spec.allocate()
         self._last_end: float | None = None  # when the previous rollout was done: idle time is measured from it
 
@@ -165,7 +167,7 @@ class RayDistributedActors(DistributedActors):
 
     def _new_actor(self, index: int):
         env_seed, agent_seed = self.restart_seeds(index)
-        return self._remote.remote(index, env_seed, agent_seed, self._actor_args, self._resume_snapshot(index))
+        return self._remote.remote(index, env_seed, agent_seed, self._actor_args, self._resume_snapshot(index), self.run_envs(index))
 
     def stop(self) -> None:
         """Kill this run's Ray actors; shut Ray down if this object started or joined it."""

@@ -33,7 +33,7 @@ class SequentialDistributedActors(DistributedActors):
     def _make_actor(self, index: int) -> Actor:
         env_seed, agent_seed = self.restart_seeds(index)
         return Actor(index, self.env_factory, self.policy, self.envs_per_actor, self.n_rollout_steps, env_seed, agent_seed,
-                     self.initial_policy, self._resume_snapshot(index))
+                     self.initial_policy, self._resume_snapshot(index), self.run_envs(index))
 
     def _start_actors(self) -> None:
         self.actors = [self._make_actor(i) for i in range(self.n_actors)]

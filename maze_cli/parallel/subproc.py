@@ -96,6 +96,7 @@ def actor_process(
     initial_policy: nn.Module | None,
     generation: int,
     snapshot: bytes | None = None,
+    run_envs: tuple[range, int] | None = None,
 ) -> None:
     """The body of one actor subprocess: take a requested slot from its own pipe, pull weights if
     newer, fill the slot, send its index back through its own pipe. `weights` is one buffer holding
@@ -111,7 +112,7 @@ def actor_process(
     actor = None
     slot = None  # the slot this actor holds, handed back with an error report
     try:
-        actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy, snapshot)
+        actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy, snapshot, run_envs)
         while not stopping.value:
             t0 = time.perf_counter()
             request = _get(requests, stopping)
@@ -256,7 +257,7 @@ class SubprocDistributedActors(DistributedActors):
         env_seed, agent_seed = self.restart_seeds(index)
         return (index, self.env_factory, self._policy_copy, self.rollout_spec, self._slots, self._request_readers[index], outbox,
                 self.weights, self._stopping, env_seed, agent_seed, self.initial_policy, self.actor_restarts[index],
-                self._resume_snapshot(index))
+                self._resume_snapshot(index), self.run_envs(index))
 
     def _hand_out(self, received: int) -> None:
         """Give slots to the actors, each to the one with the fewest open requests: on-policy, what

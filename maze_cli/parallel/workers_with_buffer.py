@@ -38,12 +38,14 @@ class SampledBatch:
     steps_per_item: int  # transitions per buffer item (1, or n_rollout_steps without splitting)
 
 
-def _item_specs(spec, split: bool) -> dict[str, TensorSpec]:
-    """Fields of one buffer item: a transition, or one env's whole rollout."""
+def _item_specs(spec, split: bool, n_step: int = 1) -> dict[str, TensorSpec]:
+    """Fields of one buffer item: a transition (with its horizon for n-step returns), or one env's whole rollout."""
     scalar = {"reward": TensorSpec((), torch.float32), "terminated": TensorSpec((), torch.bool)}
     if split:
         items = {f"obs/{k}": s for k, s in spec.observations.items()}
         items |= {f"next_obs/{k}": s for k, s in spec.observations.items()}
+        if n_step > 1:
+            items["horizon"] = TensorSpec((), torch.int16)
         return items | {"action": spec.action} | scalar
     T = spec.n_steps
 
@@ -78,6 +80,8 @@ class BaseDistributedWorkersWithBuffer:
     :param batch_size: items per `sample_batch` (transitions, or whole rollouts without splitting).
     :param initial_buffer_size: transitions `init_replay_buffer` collects before learning.
     :param split_rollouts_into_transitions: store single transitions (True) or whole rollouts.
+    :param n_step, gamma: store n-step transitions (`Transitions.from_rollout`: rewards summed with
+        discount `gamma` over up to `n_step` steps, within the episode and the rollout); needs splitting.
     """
 
     def __init__(
@@ -87,6 +91,8 @@ class BaseDistributedWorkersWithBuffer:
         batch_size: int,
         initial_buffer_size: int,
         split_rollouts_into_transitions: bool,
+        n_step: int = 1,
+        gamma: float = 1.0,
     ):
         if not isinstance(actors, DistributedActors):
             raise TypeError(f"actors must be a DistributedActors, not {type(actors).__name__}")
@@ -97,11 +103,14 @@ class BaseDistributedWorkersWithBuffer:
             )
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if n_step < 1 or (n_step > 1 and not split_rollouts_into_transitions):
+            raise ValueError(f"n_step={n_step}: n-step transitions need n_step >= 1 and split_rollouts_into_transitions")
         self.actors = actors
         self.batch_size = batch_size
         self.initial_buffer_size = initial_buffer_size
         self.split = split_rollouts_into_transitions
-        self.replay_buffer: ReplayBuffer = replay_buffer(item_specs=_item_specs(actors.rollout_spec, self.split))
+        self.n_step, self.gamma = n_step, gamma
+        self.replay_buffer: ReplayBuffer = replay_buffer(item_specs=_item_specs(actors.rollout_spec, self.split, n_step))
         self.env_steps = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -153,10 +162,12 @@ class BaseDistributedWorkersWithBuffer:
     def _add(self, batch: Rollout) -> None:
         self.env_steps += batch.rewards.numel()
         if self.split:
-            t = Transitions.from_rollout(batch)
+            t = Transitions.from_rollout(batch, self.n_step, self.gamma)
             items = {f"obs/{k}": v for k, v in t.observations.items()}
             items |= {f"next_obs/{k}": v for k, v in t.next_observations.items()}
             items |= {"action": t.actions, "reward": t.rewards, "terminated": t.terminated}
+            if t.horizon is not None:
+                items["horizon"] = t.horizon
         else:  # one item per env column: time-major [T, B] -> [B, T]
             items = {f"obs/{k}": v.transpose(0, 1) for k, v in batch.observations.items()}
             items |= {f"final_obs/{k}": v.transpose(0, 1) for k, v in batch.final_observations.items()}
@@ -174,7 +185,8 @@ class BaseDistributedWorkersWithBuffer:
             return {k[len(prefix):]: v for k, v in items.items() if k.startswith(prefix)}
 
         if self.split:
-            transitions = Transitions(group("obs/"), items["action"], items["reward"], group("next_obs/"), items["terminated"])
+            transitions = Transitions(group("obs/"), items["action"], items["reward"], group("next_obs/"), items["terminated"],
+                                      items.get("horizon"))
             steps = 1
         else:
             def tm(v: torch.Tensor) -> torch.Tensor:

@@ -121,6 +121,11 @@ class Policy(nn.Module, abc.ABC):
         actions, logp = dist.sample_with_log_prob(params)
         return actions, logp, state
 
+    def for_envs(self, env_ids: range, n_run_envs: int) -> None:
+        """Called on an actor's private copy before it acts: the run-wide ids of the envs it steps
+        among the run's `n_run_envs` (every learner's actors together). A policy that acts differently
+        per env (Ape-X's epsilon per env) sets itself up here; the default acts alike everywhere."""
+
     def action_params(self, observations: Observations, state: State, episode_start: torch.Tensor | None) -> tuple[torch.Tensor, State]:
         """Distribution params `[B, P]` for one step, and the next state (acting skips value heads)."""
         raise NotImplementedError

@@ -135,7 +135,7 @@ _COLUMNS = [
     ("train/return_window_mean", "ret(win)", "{:>8.1f}"),
     ("train/episode_length_mean", "ep len", "{:>7.1f}"),
     ("eval/return_mean", "eval", "{:>8.1f}"),
-    ("learner/loss|learner/critic_loss", "loss", "{:>8.3f}"),
+    ("learner/loss|learner/critic_loss|learner/td_loss", "loss", "{:>8.3f}"),
     ("learner/entropy", "entropy", "{:>7.3f}"),
     ("policy_lag_mean", "lag", "{:>5.2f}"),
     ("time/wait_actors_frac", "wait", "{:>5.0%}"),
