@@ -1,11 +1,12 @@
-"""maze_cli's PPO, APPO, IMPALA and SAC against Stable-Baselines3 PPO and SAC: whole-process wall time to the
-target, both sides judged by the same rule.
+"""maze_cli's PPO, APPO, IMPALA, SAC and DQN against Stable-Baselines3 PPO, SAC and DQN: whole-process wall time
+to the target, both sides judged by the same rule.
 
     python benchmarks/ppo.py                                   # every task and method, seeds 1 2 3, rule (a)
     python benchmarks/ppo.py --rule eval                       # the same judged by rule (b): evaluation on the same seeds
     python benchmarks/ppo.py --out benchmarks/PPO.md           # also write the Markdown there
     python benchmarks/ppo.py --seeds 1 --tasks cartpole --methods ppo sb3 --max-s 120
     python benchmarks/ppo.py --tasks pendulum --methods sac sb3-sac    # SAC against SB3 SAC
+    python benchmarks/ppo.py --rule eval --tasks cartpole acrobot --methods dqn sb3-dqn   # DQN against SB3 DQN
 
 Tasks and the one stopping rule both sides are judged by: the mean return of the last `window`
 finished training episodes (no separate evaluation) reaches the target, CartPole-v1 >= 475 and
@@ -21,7 +22,7 @@ instead, e.g. finer than an IMPALA epoch). Both are timed as whole processes, st
 the target counts as infinitely slow in the median.
 
 SAC (`algorithm=sac`) and SB3 SAC run on Pendulum only (rl-zoo has no SAC settings for the discrete
-tasks), judged by the same rule. A full run is 42 runs; on 2 cores expect roughly 15-30 minutes (SB3
+tasks), judged by the same rule; DQN (`algorithm=dqn`) and SB3 DQN on CartPole and Acrobot only. A full run is 42 runs; on 2 cores expect roughly 15-30 minutes (SB3
 SAC takes the longest), and never more than 42 x (--max-s + start-up) at most.
 """
 
@@ -44,9 +45,11 @@ from sb3_baseline import TASKS as SB3_TASKS
 
 # maze_cli's env config name -> the sb3_baseline.py task, whose target and window are the rule for both sides
 TASKS = {"cartpole": "ppo-cartpole", "acrobot": "ppo-acrobot", "pendulum": "ppo-pendulum"}
-# Off-policy pairs, SAC against SB3 SAC (rl-zoo settings): only where SB3 has the task
+# Off-policy pairs, SAC against SB3 SAC and DQN against SB3 DQN (rl-zoo settings): only where SB3 has the task
 SAC_TASKS = {"pendulum": "sac"}
-METHODS = ("ppo", "appo", "impala", "sb3", "sac", "sb3-sac")
+DQN_TASKS = {"cartpole": "dqn", "acrobot": "dqn-acrobot"}
+OFF_POLICY = {"sac": SAC_TASKS, "sb3-sac": SAC_TASKS, "dqn": DQN_TASKS, "sb3-dqn": DQN_TASKS}  # method -> its tasks
+METHODS = ("ppo", "appo", "impala", "sb3", "sac", "sb3-sac", "dqn", "sb3-dqn")
 GOAL = 0.5  # maze_cli PPO median / SB3 PPO median
 SHUTDOWN_SLACK_S = 300  # past max_time_s a run is only starting up or shutting down; past this it is hung
 
@@ -82,12 +85,12 @@ def overrides(task: str, method: str, seed: int, max_s: float, judge: str) -> li
 
 # The maze_cli methods each SB3 method is compared with; under rule "eval" SB3 evaluates as often as
 # the first of them that ran on the task does (so list the maze_cli method first)
-COUNTERPARTS = {"sb3": ("ppo", "appo", "impala"), "sb3-sac": ("sac",)}
+COUNTERPARTS = {"sb3": ("ppo", "appo", "impala"), "sb3-sac": ("sac",), "sb3-dqn": ("dqn",)}
 
 
 def applies(task: str, method: str) -> bool:
-    """SAC and SB3 SAC only where SB3's SAC task exists (Pendulum); the others everywhere."""
-    return method not in ("sac", "sb3-sac") or task in SAC_TASKS
+    """SAC and DQN (and their SB3 counterparts) only where SB3's task exists; the others everywhere."""
+    return method not in OFF_POLICY or task in OFF_POLICY[method]
 
 
 def sb3_eval_every(task: str, method: str, epoch_steps: dict[tuple[str, str], int]) -> int:
@@ -106,12 +109,12 @@ def run_one(task: str, method: str, seed: int, max_s: float, workdir: Path, judg
     evaluates every that many steps (or every `sb3_every`), on the same 10 episode seeds."""
     epoch_steps = {} if epoch_steps is None else epoch_steps
     try:
-        if method in ("sb3", "sb3-sac"):
+        if method in COUNTERPARTS:
             extra = []
             if judge == "eval":
                 every = sb3_every or sb3_eval_every(task, method, epoch_steps)
                 extra = ["--eval-every", str(every), "--eval-episodes", "10"]
-            return Outcome(*sb3_run(TASKS[task] if method == "sb3" else SAC_TASKS[task], seed, max_s, extra))
+            return Outcome(*sb3_run(OFF_POLICY.get(method, TASKS)[task], seed, max_s, extra))
         run = run_train(overrides(task, method, seed, max_s, judge), workdir / f"{task}-{method}-{seed}",
                         timeout_s=max_s + SHUTDOWN_SLACK_S)
         steps = [row["env_steps"] for row in run.rows]
@@ -150,7 +153,7 @@ def fmt_median(seconds: float) -> str:
 
 
 def method_name(method: str) -> str:
-    sb3 = {"sb3": "SB3 PPO (rl-zoo settings)", "sb3-sac": "SB3 SAC (rl-zoo settings)"}
+    sb3 = {"sb3": "SB3 PPO (rl-zoo settings)", "sb3-sac": "SB3 SAC (rl-zoo settings)", "sb3-dqn": "SB3 DQN (rl-zoo settings)"}
     return sb3.get(method, f"maze_cli `algorithm={method}`")
 
 

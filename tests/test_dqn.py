@@ -15,6 +15,7 @@ from tests.cli import run_train
 from tests.envs import CountingEnv
 from tests.learner_cases import CARTPOLE, transitions
 from tests.test_cli_errors import assert_one_line_error
+from tests.test_checkpoints import rollout
 from tests.test_cnn import pixel_env_config
 from tests.test_multiagent import env_config
 from tests.test_train import read_stats
@@ -160,7 +161,8 @@ def test_dict_observations_and_pixels_train_and_the_checkpoint_plays(tmp_path):
     result = run_train(*dict_env, "algorithm=dqn", "runner=sequential", "max_env_steps=1500",
                        "algorithm.initial_buffer_size=200", run_dir=tmp_path / "dict", timeout=200)
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "dict" / "checkpoints" / "last.pt").exists()
+    played = rollout(f"checkpoint={tmp_path / 'dict' / 'checkpoints' / 'last.pt'}", "episodes=2")
+    assert played.returncode == 0, played.stderr
     pixels = run_train("--config-dir", pixel_env_config(tmp_path / "pixels_config"), "+env=pixels", "policy=cnn", "policy.encoder=small",
                        "algorithm=dqn", "runner=sequential", "max_env_steps=1500", "algorithm.initial_buffer_size=200",
                        run_dir=tmp_path / "pixels", timeout=200)

@@ -202,10 +202,10 @@ def test_a_killed_learner_stops_the_run_in_one_line_with_a_checkpoint_and_resume
     assert rows[-1]["env_steps"] >= steps + 40000
 
 
-@pytest.mark.parametrize("algorithm,env", [("ppo", "cartpole"), ("appo", "cartpole"), ("sac", "pendulum")])
+@pytest.mark.parametrize("algorithm,env", [("ppo", "cartpole"), ("appo", "cartpole"), ("sac", "pendulum"), ("dqn", "cartpole")])
 def test_every_algorithm_trains_with_two_learners_each_row_counting_both(tmp_path, algorithm, env):
     run_dir = tmp_path / "run"
-    cheap = SAC_CHEAP if algorithm == "sac" else []
+    cheap = {"sac": SAC_CHEAP, "dqn": ["algorithm.initial_buffer_size=500", "algorithm.exploration=apex"]}.get(algorithm, [])
     result = run_train(f"+env={env}", f"algorithm={algorithm}", "runner=sequential", "learner.num_learners=2", "epoch_length=4",
                        "max_env_steps=3000", "target_return=null", "eval.interval=2", "eval.episodes=1", *cheap, run_dir=run_dir, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
