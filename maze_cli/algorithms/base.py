@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import gymnasium as gym
 
+from maze_cli.envs.source import EnvSource
+
 if TYPE_CHECKING:
     from maze_cli.algorithms.contract import Loop, Runner
     from maze_cli.learner import Learner
@@ -36,7 +38,7 @@ class Components:
     compile, compile_mode) that an algorithm passes on to its learner unchanged.
     """
 
-    env_factory: Any
+    env_factory: EnvSource
     observation_space: gym.Space
     action_space: gym.Space
     network: dict[str, Any]
