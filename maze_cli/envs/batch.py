@@ -30,6 +30,8 @@ class EnvList:
     `info_keys`: the info keys the env statistics follow at every step (`is_success` is looked up at
     an episode's end in any case)."""
 
+    next_step_autoreset = False  # a finished env is reset within the step that ends it
+
     def __init__(self, env_factory: Callable[[], gym.Env], n_envs: int, info_keys: tuple[str, ...] = ()):
         self.envs = [env_factory() for _ in range(n_envs)]
         self.follow_every_step = bool(info_keys)

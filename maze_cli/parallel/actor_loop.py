@@ -80,7 +80,7 @@ class Actor:
         self.state = self.policy.initial_state(n_envs)
         # In gymnasium's "next step" autoreset mode the observation after an episode's end is its
         # last; the episode after it starts with the autoreset step's observation.
-        self._resets_next_step = bool(getattr(self.envs, "next_step_autoreset", False))
+        self._resets_next_step = self.envs.next_step_autoreset
         self.episode_return = np.zeros(n_envs, dtype=np.float64)
         self.episode_length = np.zeros(n_envs, dtype=np.int64)
         if snapshot is not None:  # a resumed reproducible run: go on where the saved actor was
