@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 class Components:
     """The parts an algorithm builds its run from.
 
+    `env_factory` is the run's `EnvSource` (`maze_cli.envs.source`): e.g. `agents` says whether the
+    env is multi-agent, `without_vectorization()` gives envs stepped one by one for a replay buffer.
     `make_actors(policy=..., n_rollout_steps=..., **more)` builds the runner's `DistributedActors`
     (its class and options from the `runner` group, seeds and envs per actor filled in); an algorithm
     may override any argument (e.g. `batch_size`, `initial_policy`, `env_factory`).
