@@ -23,6 +23,8 @@ import torch
 from torch import nn
 
 from maze_cli.envs.info_stats import EpisodeInfoStats, epoch_means, raise_error
+from maze_cli.envs.multiagent import run_team_episodes
+from maze_cli.envs.source import EnvSource, as_env_source
 from maze_cli.envs.spaces import ObservationWriter, action_to_env, observation_specs
 
 
@@ -38,7 +40,7 @@ def eval_mode(policy: nn.Module) -> Iterator[nn.Module]:
 
 
 def run_episodes(
-    env_factory: Callable[[], gym.Env], policy: nn.Module, seeds: list[int], deterministic: bool = True,
+    env_factory: EnvSource | Callable[[], gym.Env], policy: nn.Module, seeds: list[int], deterministic: bool = True,
     device: str | torch.device = "cpu", on_frame: Callable[[int, gym.Env], None] | None = None,
     episode_info: EpisodeInfoStats | None = None,
 ) -> tuple[list[float], list[int]]:
@@ -48,12 +50,11 @@ def run_episodes(
     episode i (for rendering). `episode_info` (one column per seed) follows the env statistics.
     A multi-agent env plays all its agents; its returns are then the agents' (`run_team_episodes`).
     """
-    if getattr(env_factory, "agents", None):
-        from maze_cli.envs.multiagent import run_team_episodes
-
-        return run_team_episodes(env_factory.parallel_env, len(env_factory.agents), policy, seeds, deterministic, device, episode_info,
-                                 f"env._target_={env_factory.describe()}", on_frame)
-    envs = [env_factory() for _ in seeds]
+    source = as_env_source(env_factory)
+    if source.agents:
+        return run_team_episodes(source.parallel_env, len(source.agents), policy, seeds, deterministic, device, episode_info,
+                                 f"env._target_={source.describe()}", on_frame)
+    envs = [source() for _ in seeds]
     try:
         writer = ObservationWriter(envs[0].observation_space)
         specs = observation_specs(envs[0].observation_space)
@@ -109,13 +110,13 @@ class Evaluator:
     """`episodes` episodes with seeds derived once from `seed`, the policy acting as `deterministic`
     says (sampled actions seeded by the first episode seed)."""
 
-    def __init__(self, env_factory: Callable[[], gym.Env], episodes: int, seeds: list[int], device: str = "cpu",
+    def __init__(self, env_factory: EnvSource | Callable[[], gym.Env], episodes: int, seeds: list[int], device: str = "cpu",
                  deterministic: bool = True):
-        self.env_factory = env_factory
+        self.env_factory = as_env_source(env_factory)
         self.seeds = seeds[:episodes]
         self.device = device
         self.deterministic = deterministic
-        self.info_stats = dict(getattr(env_factory, "info_stats", None) or {})
+        self.info_stats = dict(self.env_factory.info_stats)
 
     def __call__(self, policy: nn.Module) -> dict[str, float]:
         episode_info = EpisodeInfoStats(self.info_stats, len(self.seeds))

@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from maze_cli.envs import EnvFactory
+from maze_cli.envs import EnvFactory, EnvSource
 from maze_cli.envs.info_stats import REDUCTIONS, EpisodeInfoStats, vector_infos
 from maze_cli.errors import ConfigError
 from maze_cli.parallel import SequentialDistributedActors
@@ -22,9 +22,10 @@ EXPECTED = {"last": 5.0, "sum": 15.0, "mean": 3.0, "max": 5.0, "min": 1.0}
 ALL = {f"d_{r}": r for r in REDUCTIONS}
 
 
-class InfoEnvFactory:
+class InfoEnvFactory(EnvSource):
     """InfoEnv with the keys of ALL renamed per reduction, built one by one or as gymnasium's
-    SyncVectorEnv in the autoreset mode given (`vector_mode` None: single envs)."""
+    SyncVectorEnv in the autoreset mode given (`vector_mode` None: single envs); an `EnvSource`, so
+    the actors follow its `info_stats` and step its `vector_env`."""
 
     def __init__(self, vector_mode=None, truncate: bool = False):
         self.vector_mode, self.truncate = vector_mode, truncate

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import gymnasium as gym
 
+from maze_cli.envs.source import EnvSource
+
 if TYPE_CHECKING:
     from maze_cli.algorithms.contract import Loop, Runner
     from maze_cli.learner import Learner
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
 class Components:
     """The parts an algorithm builds its run from.
 
+    `env_factory` is the run's `EnvSource` (`maze_cli.envs.source`): e.g. `agents` says whether the
+    env is multi-agent, `without_vectorization()` gives envs stepped one by one for a replay buffer.
     `make_actors(policy=..., n_rollout_steps=..., **more)` builds the runner's `DistributedActors`
     (its class and options from the `runner` group, seeds and envs per actor filled in); an algorithm
     may override any argument (e.g. `batch_size`, `initial_policy`, `env_factory`).
@@ -36,7 +40,7 @@ class Components:
     compile, compile_mode) that an algorithm passes on to its learner unchanged.
     """
 
-    env_factory: Any
+    env_factory: EnvSource
     observation_space: gym.Space
     action_space: gym.Space
     network: dict[str, Any]

@@ -16,7 +16,7 @@ from maze_cli.policies.blueprint import initial_sampling_policy
 
 def check_single_agent(parts: Components, algorithm: str) -> None:
     """A replay buffer holds one agent's transitions: a multi-agent env is refused in one line."""
-    if getattr(parts.env_factory, "agents", None):  # finished agents' steps are no transitions for the buffer
+    if parts.env_factory.agents:  # finished agents' steps are no transitions for the buffer
         raise ConfigError(f"algorithm={algorithm}: a multi-agent (PettingZoo) env trains with algorithm=impala, appo or ppo; "
                           f"{algorithm.upper()}'s replay buffer takes single-agent envs only")
 
@@ -36,8 +36,8 @@ def replay_run(parts: Components, learner: Learner, hp: Any, blueprint: dict[str
     initial_buffer_size, replay_ratio (and gamma, for `n_step` > 1: n-step transitions)."""
     policy = learner.policy
     initial = initial_sampling_policy(hp.initial_sampling_policy, parts.observation_space, parts.action_space, parts.load_policy)
-    env_factory = getattr(parts.env_factory, "without_vectorization", lambda: parts.env_factory)()
-    actors = parts.make_actors(policy=policy, n_rollout_steps=hp.n_rollout_steps, env_factory=env_factory,
+    one_by_one = parts.env_factory.without_vectorization()  # no autoreset steps: every step is a transition
+    actors = parts.make_actors(policy=policy, n_rollout_steps=hp.n_rollout_steps, env_factory=one_by_one,
                                batch_size=hp.rollouts_per_iteration, initial_policy=initial_sampling_policy_or_random(policy, initial))
     workers = BaseDistributedWorkersWithBuffer(actors, parts.make_replay_buffer, batch_size=hp.batch_size,
                                                initial_buffer_size=hp.initial_buffer_size,

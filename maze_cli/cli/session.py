@@ -122,7 +122,7 @@ def _train(cfg: DictConfig, settings: Settings, config: dict[str, Any], env_fact
     warm_started = _warm_start(run.learner, t, trusted)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     jsonl, tensorboard = JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")
-    files = [ConsoleTable(team=bool(getattr(env_factory, "agents", None))), jsonl, tensorboard]
+    files = [ConsoleTable(team=bool(env_factory.agents)), jsonl, tensorboard]
     videos = _eval_videos(settings, run_dir, tensorboard)
     trainer = _trainer(settings, run, env_factory, files, videos, warm_started, group)
     trainer.callbacks = callbacks

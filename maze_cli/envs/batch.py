@@ -20,6 +20,7 @@ import torch
 from maze_cli.envs.batch_step import BatchStep
 from maze_cli.envs.info_stats import SUCCESS_KEY, vector_infos
 from maze_cli.envs.multiagent import MultiAgentBatch
+from maze_cli.envs.source import EnvSource, as_env_source
 from maze_cli.envs.spaces import ObservationWriter, actions_to_env
 from maze_cli.seeding import derive_seed, derive_seeds
 
@@ -28,6 +29,8 @@ class EnvList:
     """`n` single envs stepped one after another; a finished env is reset within the same step.
     `info_keys`: the info keys the env statistics follow at every step (`is_success` is looked up at
     an episode's end in any case)."""
+
+    next_step_autoreset = False  # a finished env is reset within the step that ends it
 
     def __init__(self, env_factory: Callable[[], gym.Env], n_envs: int, info_keys: tuple[str, ...] = ()):
         self.envs = [env_factory() for _ in range(n_envs)]
@@ -134,11 +137,12 @@ def _vector_actions(space: gym.Space, actions: np.ndarray, n: int) -> np.ndarray
     return np.clip(actions.reshape(n, *space.shape), space.low, space.high).astype(space.dtype)
 
 
-def make_env_batch(env_factory: Callable[[], gym.Env], n_envs: int, info_keys: tuple[str, ...] = ()) -> EnvList | VectorEnvBatch | MultiAgentBatch:
-    """The fastest batch this env allows: its vectorized implementation if the factory offers one; for a
+def make_env_batch(env_factory: EnvSource | Callable[[], gym.Env], n_envs: int,
+                   info_keys: tuple[str, ...] = ()) -> EnvList | VectorEnvBatch | MultiAgentBatch:
+    """The fastest batch this env allows: its vectorized implementation if the source offers one; for a
     multi-agent env, one row per agent (`maze_cli.envs.multiagent`)."""
-    if getattr(env_factory, "agents", None):
-        return MultiAgentBatch(env_factory.parallel_env, n_envs, f"env._target_={env_factory.describe()}")
-    make_vector = getattr(env_factory, "vector_env", None)
-    vector_env = make_vector(n_envs) if make_vector is not None else None
-    return VectorEnvBatch(vector_env, info_keys) if vector_env is not None else EnvList(env_factory, n_envs, info_keys)
+    source = as_env_source(env_factory)
+    if source.agents:
+        return MultiAgentBatch(source.parallel_env, n_envs, f"env._target_={source.describe()}")
+    vector_env = source.vector_env(n_envs)
+    return VectorEnvBatch(vector_env, info_keys) if vector_env is not None else EnvList(source, n_envs, info_keys)

@@ -14,6 +14,7 @@ from maze_cli.envs.core_inputs import PreviousActionReward, adds_inputs
 from maze_cli.envs.info_stats import as_number, check_info_stats
 from maze_cli.envs.mujoco import is_mujoco_id, prepare_mujoco
 from maze_cli.envs.multiagent import AgentIdObservation, agent_spaces, as_parallel, is_multiagent, team_info_stats
+from maze_cli.envs.source import EnvSource
 from maze_cli.envs.spaces import action_spec, observation_specs
 from maze_cli.envs.wrappers import apply_wrappers, wrapper_specs
 from maze_cli.errors import ConfigError, EnvConfigError, UnsupportedSpaceError, first_line
@@ -63,8 +64,9 @@ class VectorizedEnvTarget(Protocol):
 
 
 @dataclass(frozen=True)
-class EnvFactory:
-    """A picklable factory: `EnvFactory(config)()` returns a fresh gymnasium.Env.
+class EnvFactory(EnvSource):
+    """A picklable factory: `EnvFactory(config)()` returns a fresh gymnasium.Env, and the `EnvSource`
+    every part of a run reads its envs from.
 
     `config` is a plain mapping: either `{id, kwargs, max_episode_steps, vectorize}` for
     `gymnasium.make`, or `{_target_: "pkg.module.Callable", **arguments}` for a user's own env.

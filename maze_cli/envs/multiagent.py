@@ -160,7 +160,7 @@ class MultiAgentBatch:
             if agent in observations:
                 self.observations[e * self.n_agents + k] = observations[agent]
 
-    def step(self, actions: np.ndarray):
+    def step(self, actions: np.ndarray) -> BatchStep:
         n = self.n_envs
         rewards = np.zeros(n, dtype=np.float32)
         terminated = np.zeros(n, dtype=bool)

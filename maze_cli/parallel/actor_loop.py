@@ -21,6 +21,7 @@ from torch import nn
 
 from maze_cli.envs.batch import make_env_batch
 from maze_cli.envs.info_stats import EpisodeInfoStats
+from maze_cli.envs.source import EnvSource, as_env_source
 from maze_cli.envs.spaces import observation_specs
 from maze_cli.policies.base import Policy
 from maze_cli.records import Rollout, RolloutInfo
@@ -45,7 +46,7 @@ class Actor:
     def __init__(
         self,
         index: int,
-        env_factory: Callable[[], gym.Env],
+        env_factory: EnvSource | Callable[[], gym.Env],
         policy: nn.Module,
         n_envs: int,
         n_steps: int,
@@ -60,10 +61,11 @@ class Actor:
         self.n_steps = n_steps
         self.env_seed = env_seed
         self.agent_seed = agent_seed
-        info_stats = dict(getattr(env_factory, "info_stats", None) or {})  # env statistics: `env.info_stats`
-        self.envs = make_env_batch(env_factory, n_envs, tuple(info_stats))
+        source = as_env_source(env_factory)
+        info_stats = dict(source.info_stats)  # env statistics: `env.info_stats`
+        self.envs = make_env_batch(source, n_envs, tuple(info_stats))
         self.episode_info = EpisodeInfoStats(info_stats, n_envs)
-        self.reward_clip = getattr(env_factory, "reward_clip", None)  # the learner's rewards; stats keep the env's
+        self.reward_clip = source.reward_clip  # the learner's rewards; stats keep the env's
         self.policy = copy.deepcopy(policy).requires_grad_(False)
         if run_envs is not None and isinstance(self.policy, Policy):
             self.policy.for_envs(*run_envs)
@@ -78,7 +80,7 @@ class Actor:
         self.state = self.policy.initial_state(n_envs)
         # In gymnasium's "next step" autoreset mode the observation after an episode's end is its
         # last; the episode after it starts with the autoreset step's observation.
-        self._resets_next_step = bool(getattr(self.envs, "next_step_autoreset", False))
+        self._resets_next_step = self.envs.next_step_autoreset
         self.episode_return = np.zeros(n_envs, dtype=np.float64)
         self.episode_length = np.zeros(n_envs, dtype=np.int64)
         if snapshot is not None:  # a resumed reproducible run: go on where the saved actor was

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from maze_cli.envs.info_stats import raise_error
+from maze_cli.envs.source import EnvSource, as_env_source
 from maze_cli.envs.spaces import action_spec, observation_specs
 from maze_cli.errors import MazeCliError, first_line
 from maze_cli.parallel.schedule import Job, RolloutSchedule
@@ -46,7 +47,8 @@ class ActorFailure(MazeCliError, RuntimeError):
 class DistributedActors(abc.ABC):
     """The base class for all distributed actors.
 
-    :param env_factory: builds one env (picklable for the subprocess backend).
+    :param env_factory: builds one env (picklable for the subprocess backend): an `EnvSource` such as
+        `EnvFactory`, or a plain callable returning a gymnasium.Env (`as_env_source` wraps it).
     :param policy: the policy module; each actor works on its own copy.
     :param n_rollout_steps: steps per rollout (T).
     :param n_actors: number of actors.
@@ -75,7 +77,7 @@ class DistributedActors(abc.ABC):
 
     def __init__(
         self,
-        env_factory: Callable[[], gym.Env],
+        env_factory: EnvSource | Callable[[], gym.Env],
         policy: nn.Module,
         n_rollout_steps: int,
         n_actors: int,
@@ -94,7 +96,7 @@ class DistributedActors(abc.ABC):
     ):
         if n_actors < 1 or batch_size < 1 or n_rollout_steps < 1 or envs_per_actor < 1:
             raise ValueError("n_actors, batch_size, n_rollout_steps and envs_per_actor must be at least 1")
-        self.env_factory = env_factory
+        self.env_factory = as_env_source(env_factory)
         # The actors' template: a CPU copy, so a learner on another device never leaks into actors.
         self.policy = copy.deepcopy(policy).cpu()
         self.n_rollout_steps = n_rollout_steps

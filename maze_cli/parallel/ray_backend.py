@@ -26,6 +26,7 @@ from torch import nn
 
 from maze_cli.errors import RAY_MISSING, MazeCliError, first_line
 from maze_cli.envs.mujoco import quiet_env_library_warnings
+from maze_cli.envs.source import EnvSource
 from maze_cli.parallel.actor_loop import Actor
 from maze_cli.parallel.distributed_actors import DistributedActors, takes_actor_options
 from maze_cli.parallel.requests import OpenRequests
@@ -108,7 +109,7 @@ class RayDistributedActors(DistributedActors):
     @takes_actor_options
     def __init__(
         self,
-        env_factory: Callable[[], gym.Env],
+        env_factory: EnvSource | Callable[[], gym.Env],
         policy: nn.Module,
         n_rollout_steps: int,
         n_actors: int,

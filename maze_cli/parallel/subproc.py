@@ -30,6 +30,7 @@ import torch.multiprocessing  # noqa: F401  (registers torch's shared-memory pic
 from torch import nn
 
 from maze_cli.envs.mujoco import quiet_env_library_warnings
+from maze_cli.envs.source import EnvSource
 from maze_cli.parallel.actor_loop import Actor
 from maze_cli.parallel.distributed_actors import DistributedActors, takes_actor_options
 from maze_cli.parallel.requests import OpenRequests
@@ -83,7 +84,7 @@ def _allocate_slots(spec: RolloutSpec, n_slots: int, memory) -> Rollout:
 
 def actor_process(
     index: int,
-    env_factory: Callable[[], gym.Env],
+    env_factory: EnvSource,
     policy: nn.Module,
     spec: RolloutSpec,
     slots: SharedTensors,
@@ -169,7 +170,7 @@ class SubprocDistributedActors(DistributedActors):
     @takes_actor_options
     def __init__(
         self,
-        env_factory: Callable[[], gym.Env],
+        env_factory: EnvSource | Callable[[], gym.Env],
         policy: nn.Module,
         n_rollout_steps: int,
         n_actors: int,

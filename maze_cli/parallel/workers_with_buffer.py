@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from maze_cli.buffers import ReplayBuffer
+from maze_cli.envs.source import EnvSource
 from maze_cli.parallel.distributed_actors import DistributedActors
 from maze_cli.policies.random_policy import RandomPolicy
 from maze_cli.records import Rollout, TensorSpec, Transitions
@@ -68,10 +69,10 @@ class BaseDistributedWorkersWithBuffer:
     - `initial_policy=initial_sampling_policy_or_random(policy, initial)`: what the workers act
       with until the first broadcast (uniform random unless another policy is given);
     - `batch_size=rollouts_per_iteration`: the rollouts each `collect_rollouts` adds;
-    - an env factory without vectorization (`env_factory.without_vectorization()` where it has
-      one): envs stepped one by one have no autoreset steps, so every step is a transition for the
+    - an env source without vectorization (`env_factory.without_vectorization()`; a plain callable
+      has none): envs stepped one by one have no autoreset steps, so every step is a transition for the
       buffer (the replay ratio makes the learner, not env stepping, the bottleneck here). Actors
-      whose factory may vectorize are refused with a ValueError.
+      whose env source may vectorize are refused with a ValueError.
 
     :param actors: the actors that collect (not started yet: `start()` starts them, `stop()` stops them).
     :param replay_buffer: called as `replay_buffer(item_specs=...)` with the fields of one buffer
@@ -216,10 +217,7 @@ class BaseDistributedWorkersWithBuffer:
         return self.actors.get_stats_value(event, level, name)
 
 
-def _may_vectorize(env_factory: Callable) -> bool:
-    """Whether the actors may step this factory's envs through a vectorized implementation: it
-    offers one (`vector_env`) and is not already its own `without_vectorization()`."""
-    if getattr(env_factory, "vector_env", None) is None:
-        return False
-    without = getattr(env_factory, "without_vectorization", None)
-    return without is None or without() != env_factory
+def _may_vectorize(source: EnvSource) -> bool:
+    """Whether the actors may step this source's envs through a vectorized implementation: it is
+    not already its own `without_vectorization()`."""
+    return source.without_vectorization() != source
