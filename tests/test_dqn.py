@@ -143,7 +143,7 @@ def test_dqn_learns_cartpole(tmp_path, runner):
     assert result.returncode == 0, result.stderr
     stats = read_stats(run_dir)
     assert max(row.get("eval/return_mean", 0) for row in stats) >= 300, [row.get("eval/return_mean") for row in stats]
-    assert 0.04 <= stats[-1]["learner/epsilon"] < 1.0  # falling from 1 towards tuning/cartpole_dqn.yaml's 0.04
+    assert 0.04 - 1e-6 <= stats[-1]["learner/epsilon"] < 1.0  # falling from 1 towards tuning/cartpole_dqn.yaml's 0.04
 
 
 @pytest.mark.slow
@@ -161,7 +161,7 @@ def test_dict_observations_and_pixels_train_and_the_checkpoint_plays(tmp_path):
     result = run_train(*dict_env, "algorithm=dqn", "runner=sequential", "max_env_steps=1500",
                        "algorithm.initial_buffer_size=200", run_dir=tmp_path / "dict", timeout=200)
     assert result.returncode == 0, result.stderr
-    played = rollout(f"checkpoint={tmp_path / 'dict' / 'checkpoints' / 'last.pt'}", "episodes=2")
+    played = rollout(f"checkpoint={tmp_path / 'dict' / 'checkpoints' / 'last.pt'}", "episodes=2", "allow=[tests.envs.CountingEnv]")
     assert played.returncode == 0, played.stderr
     pixels = run_train("--config-dir", pixel_env_config(tmp_path / "pixels_config"), "+env=pixels", "policy=cnn", "policy.encoder=small",
                        "algorithm=dqn", "runner=sequential", "max_env_steps=1500", "algorithm.initial_buffer_size=200",
