@@ -186,6 +186,15 @@ def test_sac_runs_end_to_end_on_the_cluster(cluster, tmp_path):
     assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
 
 
+def test_apex_dqn_runs_end_to_end_on_the_cluster(cluster, tmp_path):
+    result = run_train("+env=cartpole", "algorithm=dqn", "algorithm.exploration=apex", "replay_buffer=prioritized", "runner=ray",
+                       f"runner.address={cluster.address}", "max_env_steps=2500", "epoch_length=4",
+                       "algorithm.initial_buffer_size=300", run_dir=tmp_path / "run", timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert read_stats(tmp_path / "run")[-1]["learner/updates"] > 0
+    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
+
+
 def test_a_ray_started_by_maze_cli_fits_every_actor_and_is_shut_down(tmp_path):
     # Two actors that each reserve all cores: twice what this machine has, so they share them.
     cores = os.cpu_count() or 1
