@@ -193,7 +193,10 @@ class DqnObjective(Objective):
         loss, td, q_mean = self.td_loss(tr.observations, tr.actions, tr.rewards, tr.next_observations, tr.terminated,
                                         discount, batch.weights)
         self._td_errors = td
-        yield Step({"q": loss}, {"td_loss": loss.detach(), "q_mean": q_mean, "epsilon": float(self.policy.epsilon)})
+        metrics = {"td_loss": loss.detach(), "q_mean": q_mean}
+        if self.policy.exploration == "linear":  # the schedule's float: reading the buffer would wait for a GPU learner
+            metrics["epsilon"] = self.epsilon_at(self.learner.env_steps)
+        yield Step({"q": loss}, metrics)
 
     def td_loss(self, observations: Observations, actions: torch.Tensor, rewards: torch.Tensor, next_observations: Observations,
                 terminated: torch.Tensor, discount: torch.Tensor, weights: torch.Tensor):
