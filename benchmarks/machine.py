@@ -25,6 +25,16 @@ def version(package: str) -> str:
         return "not installed"
 
 
+def gpu_name() -> str | None:
+    """The first CUDA device's name, or None where torch sees none (torch is imported only here, on demand)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
 def machine_line() -> str:
-    return (f"{os.cpu_count()} cores ({cpu_model()}), Python {platform.python_version()}, torch {version('torch')}, "
-            f"gymnasium {version('gymnasium')}, ray {version('ray')}")
+    gpu = gpu_name()
+    return (f"{os.cpu_count()} cores ({cpu_model()}){f', {gpu}' if gpu else ''}, Python {platform.python_version()}, "
+            f"torch {version('torch')}, gymnasium {version('gymnasium')}, ray {version('ray')}")
