@@ -182,10 +182,70 @@ class DistributedActors(abc.ABC):
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Publish the newest policy version to the actors."""
 
-    @abc.abstractmethod
     def collect_outputs(self, learner_device: str) -> tuple[Rollout, float, float, float]:
         """Take `batch_size` rollouts; return (time-major batch `[T, batch_size*envs_per_actor, ...]`,
-        queue size before, queue size after, seconds spent dequeuing)."""
+        queue size before, queue size after, seconds spent dequeuing).
+
+        The one loop of every backend: each supplies only how a rollout arrives (`_next_rollout`), how
+        many wait (`_queue_size`), how a scheduled one is asked for (`_request_job`, `_wait_for_next_batch`)
+        and, where it keeps rollouts in slots, how a slot reads and is given back (`_rollout_of`, `_release`)."""
+        self._check_actors()
+        if self.schedule:
+            for job in self.schedule.due(self.policy_version):
+                self._request_job(job)
+        queue_before = self._queue_size() + (len(self._arrived) if self.schedule else 0)
+        start = time.perf_counter()
+        records = self._take_batch()
+        dequeue_time = time.perf_counter() - start
+        batch = Rollout.cat([self._rollout_of(record) for record in records]).to(learner_device)
+        for record in records:
+            self._release(record)
+        return batch, float(queue_before), float(self._queue_size()), dequeue_time
+
+    def _take_batch(self) -> list[_Record]:
+        """The next batch's records: the schedule's next batch whole, or the first `batch_size` rollouts
+        to arrive that are recent enough (`_record_rollout` drops the others)."""
+        if self.schedule:
+            self._wait_for_next_batch()
+            return self._take_arrived_batch()
+        records: list[_Record] = []
+        while len(records) < self.batch_size:
+            arrived = self._next_rollout(len(records))
+            if arrived is None:
+                continue
+            record, info = arrived
+            if self._record_rollout(info):
+                records.append(record)
+            else:
+                self._release(record)
+        return records
+
+    def _check_actors(self) -> None:
+        """Before a batch is taken: recover actors that died or went silent (where the backend can see it)."""
+
+    @abc.abstractmethod
+    def _next_rollout(self, received: int) -> tuple[_Record, RolloutInfo] | None:
+        """The next rollout in, waiting for it (`received` of this batch are in already); None after a
+        failure was recovered from, or a message that brought no rollout."""
+
+    @abc.abstractmethod
+    def _queue_size(self) -> int:
+        """Rollouts that have arrived and wait for the learner."""
+
+    @abc.abstractmethod
+    def _request_job(self, job: Job) -> None:
+        """Reproducible mode: ask the job's actor for its rollout, with the job's policy version."""
+
+    @abc.abstractmethod
+    def _wait_for_next_batch(self) -> None:
+        """Reproducible mode: wait until every rollout of `schedule.next_batch` is in `self._arrived` (not taken)."""
+
+    def _rollout_of(self, record: _Record) -> Rollout:
+        """The rollout a record holds (the record itself, unless the backend keeps rollouts in slots)."""
+        return record
+
+    def _release(self, record: _Record) -> None:
+        """The learner is done with a record (a backend with slots gives the slot back)."""
 
     def _record_rollout(self, info: RolloutInfo) -> bool:
         """Account one received rollout in the epoch stats (and as a sign of life of its actor);
@@ -269,10 +329,6 @@ class DistributedActors(abc.ABC):
             return None
         return self._resume["actors"][index]
 
-    def _wait_for_next_batch(self) -> None:
-        """Reproducible mode: until every rollout of the schedule's next batch has arrived (not taken)."""
-        raise NotImplementedError
-
     def _actor_snapshots(self) -> list[bytes]:
         """Every actor's `Actor.snapshot()`, in actor order, taken while none has a request open."""
         raise NotImplementedError
@@ -280,10 +336,6 @@ class DistributedActors(abc.ABC):
     def _arrived_rollouts(self) -> list[tuple[Job, Rollout, RolloutInfo]]:
         """The rollouts in and not yet taken (the next batch's), each a copy of its own."""
         return [(job, Rollout.cat([self._rollout_of(record)]), copy.deepcopy(info)) for job, (record, info) in self._arrived.items()]
-
-    def _rollout_of(self, record: _Record) -> Rollout:
-        """The rollout a backend's record of it holds (the record itself, unless the backend keeps a slot)."""
-        return record
 
     # -- failures ------------------------------------------------------------------------------
     def restart_seeds(self, index: int) -> tuple[int, int]:

@@ -276,34 +276,28 @@ class RayDistributedActors(DistributedActors):
         ray = import_ray()
         return len(ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0)[0]) if self.pending else 0
 
-    def collect_outputs(self, learner_device: str) -> tuple[Rollout, float, float, float]:
-        ray = import_ray()
+    def _check_actors(self) -> None:
         self._check_silent()  # the others may keep serving while one actor hangs
-        if self.schedule:
-            return self._collect_scheduled(ray, learner_device)
-        queue_before = self._ready_count()
-        start = time.perf_counter()
-        rollouts: list[Rollout] = []
-        while len(rollouts) < self.batch_size:
-            if self.on_policy:
-                self._request_batch(len(rollouts))  # again after a failure lost a request
-            ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=_POLL_S)
-            if not ready:
-                self._check_silent()
-                continue
-            index = self.pending.pop(ready[0])
-            self._open.close(index, ready[0])
-            received = self._receive(ray, ready[0], index)
-            if received is None:
-                continue
-            record, info = received
-            if self._record_rollout(info):
-                rollouts.append(record)
-            if not self.on_policy:
-                self._request(index)
-        dequeue_time = time.perf_counter() - start
-        batch = Rollout.cat(rollouts).to(learner_device)
-        return batch, float(queue_before), float(self._ready_count()), dequeue_time
+
+    def _queue_size(self) -> int:
+        return self._ready_count()
+
+    def _next_rollout(self, received: int) -> tuple[Rollout, RolloutInfo] | None:
+        """The first rollout ready (on-policy, after asking for what this batch still lacks); off-policy
+        its actor is asked for the next one at once."""
+        ray = import_ray()
+        if self.on_policy:
+            self._request_batch(received)  # again after a failure lost a request
+        ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=_POLL_S)
+        if not ready:
+            self._check_silent()
+            return None
+        index = self.pending.pop(ready[0])
+        self._open.close(index, ready[0])
+        arrived = self._receive(ray, ready[0], index)
+        if arrived is not None and not self.on_policy:
+            self._request(index)
+        return arrived
 
     # -- reproducible mode ---------------------------------------------------------------------
     def _request_job(self, job: Job) -> None:
@@ -313,18 +307,6 @@ class RayDistributedActors(DistributedActors):
         self.pending[ref] = job.actor
         self._jobs[ref] = job
         self._open.add(job.actor, ref, job.version)
-
-    def _collect_scheduled(self, ray, learner_device: str) -> tuple[Rollout, float, float, float]:
-        """The schedule's next batch: request what is due, then wait until all of its rollouts are in
-        (in whatever order they come) and take them in the schedule's order."""
-        for job in self.schedule.due(self.policy_version):
-            self._request_job(job)
-        queue_before = self._ready_count() + len(self._arrived)
-        start = time.perf_counter()
-        self._wait_for_next_batch()
-        records = self._take_arrived_batch()
-        dequeue_time = time.perf_counter() - start
-        return Rollout.cat(records).to(learner_device), float(queue_before), float(self._ready_count()), dequeue_time
 
     def _wait_for_next_batch(self) -> None:
         ray = import_ray()

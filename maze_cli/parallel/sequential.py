@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 import traceback
 from contextlib import contextmanager
 from typing import Iterator
@@ -71,34 +70,29 @@ class SequentialDistributedActors(DistributedActors):
         if self.policy_version:
             self.actors[index].load_policy(self._latest, self.policy_version)
 
-    def collect_outputs(self, learner_device: str) -> tuple[Rollout, float, float, float]:
-        if self.schedule:
-            return self._collect_scheduled(learner_device)
-        start = time.perf_counter()
-        for record in self._records:
-            while True:
-                actor = self.actors[self._next_actor]
-                self._next_actor = (self._next_actor + 1) % self.n_actors
-                try:
-                    with _deadline(self.rollout_timeout_s):
-                        info = actor.collect(record)
-                    break
-                except RolloutTimeout:
-                    self._recover(self._silent_failure(actor.index, self.rollout_timeout_s))
-                except Exception:
-                    self._actor_failed(actor.index, traceback.format_exc())
-            self._record_rollout(info)
-        batch = Rollout.cat(self._records).to(learner_device)
-        return batch, 0.0, 0.0, time.perf_counter() - start
+    def _next_rollout(self, received: int) -> tuple[Rollout, RolloutInfo] | None:
+        """The next actor in turn collects into the batch's `received`-th record, now."""
+        record = self._records[received]
+        actor = self.actors[self._next_actor]
+        self._next_actor = (self._next_actor + 1) % self.n_actors
+        return self._collect(actor, record)
 
-    def _collect_scheduled(self, learner_device: str) -> tuple[Rollout, float, float, float]:
-        """Reproducible mode: the schedule's next batch, each rollout by its actor with the version it was
-        requested with (the request made when the batch `lag` before it was collected)."""
-        start = time.perf_counter()
-        self._jobs += self.schedule.due(self.policy_version)
-        self._wait_for_next_batch()
-        batch = Rollout.cat(self._take_arrived_batch()).to(learner_device)
-        return batch, 0.0, 0.0, time.perf_counter() - start
+    def _collect(self, actor: Actor, record: Rollout) -> tuple[Rollout, RolloutInfo] | None:
+        """One rollout of `actor` into `record`; None after its failure was recovered from."""
+        try:
+            with _deadline(self.rollout_timeout_s):
+                return record, actor.collect(record)
+        except RolloutTimeout:
+            self._recover(self._silent_failure(actor.index, self.rollout_timeout_s))
+        except Exception:
+            self._actor_failed(actor.index, traceback.format_exc())
+        return None
+
+    def _queue_size(self) -> int:
+        return 0  # nothing is collected ahead of the learner
+
+    def _request_job(self, job: Job) -> None:
+        self._jobs.append(job)  # collected when its batch is due: `_wait_for_next_batch`
 
     def _wait_for_next_batch(self) -> None:
         """Collect the next batch's rollouts now, unless a checkpoint had them collected already."""
@@ -106,18 +100,13 @@ class SequentialDistributedActors(DistributedActors):
             return
         batch, self._jobs = self._jobs[:self.batch_size], self._jobs[self.batch_size:]
         for job, record in zip(batch, self._records):
-            while True:
+            arrived = None
+            while arrived is None:
                 actor = self.actors[job.actor]
                 if actor.policy_version != job.version:
                     actor.load_policy(self._versions[job.version], job.version)
-                try:
-                    with _deadline(self.rollout_timeout_s):
-                        self._arrived[job] = (record, actor.collect(record))
-                    break
-                except RolloutTimeout:
-                    self._recover(self._silent_failure(actor.index, self.rollout_timeout_s))
-                except Exception:
-                    self._actor_failed(actor.index, traceback.format_exc())
+                arrived = self._collect(actor, record)
+            self._arrived[job] = arrived
 
     def _actor_snapshots(self) -> list[bytes]:
         return [actor.snapshot() for actor in self.actors]

@@ -355,36 +355,13 @@ class SubprocDistributedActors(DistributedActors):
                 self._check_silent()
         return self._received.popleft()
 
-    def collect_outputs(self, learner_device: str) -> tuple[Rollout, float, float, float]:
+    def _check_actors(self) -> None:
         self._check_alive()
         self._check_silent()  # the others may keep delivering while one actor hangs
-        if self.schedule:
-            for job in self.schedule.due(self.policy_version):
-                self._request_job(job)
+
+    def _queue_size(self) -> int:
         self._receive(timeout=0)
-        queue_before = len(self._received) + len(self._arrived)
-        start = time.perf_counter()
-        taken: list[int] = []
-        while len(taken) < self.batch_size:
-            if self.schedule and self._batch_in():
-                taken = self._take_arrived_batch()
-                break
-            rollout = self._next_rollout(len(taken))
-            if rollout is None:
-                continue
-            slot, info = rollout
-            if self.schedule:
-                self._arrived[self._jobs.pop(slot)] = (slot, info)
-            elif self._record_rollout(info):
-                taken.append(slot)
-            else:
-                self._release(slot)
-        dequeue_time = time.perf_counter() - start
-        batch = Rollout.cat([self.slots.slot(s) for s in taken]).to(learner_device)
-        for slot in taken:
-            self._release(slot)
-        self._receive(timeout=0)
-        return batch, float(queue_before), float(len(self._received)), dequeue_time
+        return len(self._received)
 
     def _next_rollout(self, received: int) -> tuple[int, Any] | None:
         """The next rollout in, as (slot, info); None after a message that brought none (an actor's
