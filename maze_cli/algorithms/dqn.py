@@ -91,10 +91,12 @@ class DqnPolicy(Policy):
     """
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, network: dict | None = None,
-                 dueling: bool = True, exploration: str = "linear", apex_epsilon: float = 0.4, apex_alpha: float = 7.0):
+                 dueling: bool = True, exploration: str = "linear", apex_epsilon: float = 0.4, apex_alpha: float = 7.0,
+                 action_mask_key: str | None = None):
         super().__init__()
         check_action_space(action_space)
         self.observation_space, self.action_space = observation_space, action_space
+        self.action_mask_key = action_mask_key
         self.network = build_network(dict(network or mlp_network((256, 256), "relu")), observation_space)
         self.n_actions = int(action_space.n)
         self.advantage = linear(self.network.out_dim, self.n_actions, 1.0)
@@ -114,8 +116,9 @@ class DqnPolicy(Policy):
         return PolicyOutput(self.q_values(features), None, state)
 
     def q(self, observations: Observations) -> torch.Tensor:
-        """Q-values `[N, n_actions]` of flat batches of observations `[N, ...]`, in fp32."""
-        return self.q_values(self.network(observations, (), None)[0]).float()
+        """Q-values `[N, n_actions]` of flat batches of observations `[N, ...]`, in fp32; a forbidden action's
+        lowest of all, so that neither a target's max nor double Q's argmax takes it."""
+        return self.masked(self.q_values(self.network(observations, (), None)[0]).float(), observations)
 
     def for_envs(self, env_ids: range, n_run_envs: int) -> None:
         if self.exploration == "apex":
@@ -128,13 +131,14 @@ class DqnPolicy(Policy):
         greedy when deterministic (evaluation, `rollout`)."""
         obs, starts = one_step(observations, episode_start)
         features, state = self.network(obs, state, starts)
-        greedy = self.q_values(features[0]).argmax(-1)
+        greedy = self.masked(self.q_values(features[0]), observations).argmax(-1)
         zeros = torch.zeros(greedy.shape[0], device=greedy.device)
         if deterministic:
             return greedy, zeros, state
         epsilon = self.epsilon if self.env_epsilons is None or len(self.env_epsilons) != len(greedy) else self.env_epsilons
         explore = torch.rand(greedy.shape, device=greedy.device) < epsilon
-        random = torch.randint(0, self.n_actions, greedy.shape, device=greedy.device)
+        # uniform among the legal actions: the largest of uniform draws, forbidden ones masked out
+        random = self.masked(torch.rand(len(greedy), self.n_actions, device=greedy.device), observations).argmax(-1)
         return torch.where(explore, random, greedy), zeros, state
 
 
@@ -150,7 +154,8 @@ class Dqn(DqnConfig, Algorithm):
         check_single_agent(parts, "dqn")
         check_action_space(parts.action_space)
         kwargs = {"network": parts.network, "dueling": self.dueling, "exploration": self.exploration,
-                  "apex_epsilon": self.apex_epsilon, "apex_alpha": self.apex_alpha}
+                  "apex_epsilon": self.apex_epsilon, "apex_alpha": self.apex_alpha,
+                  "action_mask_key": parts.action_mask_key}
         policy = DqnPolicy(parts.observation_space, parts.action_space, **kwargs)
         check_feed_forward(policy, parts, "dqn")
         learner = Learner(DqnObjective(policy, self), parts.device, **parts.learner)

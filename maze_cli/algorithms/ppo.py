@@ -268,7 +268,8 @@ class Ppo(PpoConfig, Algorithm):
 
     def _build(self, parts: Components, **actor_options) -> Run:
         normalize_obs, normalize_reward = normalization(self.normalize_obs, self.normalize_reward, parts.action_space)
-        kwargs = {"network": parts.network, "shared_network": self.shared_network, "normalize_obs": normalize_obs}
+        kwargs = {"network": parts.network, "shared_network": self.shared_network, "normalize_obs": normalize_obs,
+                  "action_mask_key": parts.action_mask_key}
         policy = ActorCritic(parts.observation_space, parts.action_space, log_std_init=self.log_std_init, **kwargs)
         objective = PpoObjective(policy, self, normalize_reward, vtrace_targets=isinstance(self, Appo))
         learner = Learner(objective, parts.device, max_env_steps=parts.max_env_steps, **parts.learner)

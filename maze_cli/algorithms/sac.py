@@ -81,10 +81,12 @@ def check_action_space(action_space: gym.Space) -> None:
 class SacPolicy(Policy):
     """The actor: a tanh-squashed Gaussian scaled to the Box bounds, or a categorical over Discrete."""
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, network: dict | None = None):
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, network: dict | None = None,
+                 action_mask_key: str | None = None):
         super().__init__()
         check_action_space(action_space)
         self.observation_space, self.action_space = observation_space, action_space
+        self.action_mask_key = action_mask_key
         self.network = build_network(dict(network or mlp_network((256, 256), "relu")), observation_space)
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         n_out = int(action_space.n) if self.discrete else 2 * int(np.prod(action_space.shape))
@@ -102,7 +104,7 @@ class SacPolicy(Policy):
         Discrete: (probs, log-probs) over all actions."""
         out = self.head(self.network(observations, (), None)[0]).float()  # the distribution's math in fp32
         if self.discrete:
-            log_probs = F.log_softmax(out, dim=-1)
+            log_probs = F.log_softmax(self.masked(out, observations), dim=-1)
             return log_probs.exp(), log_probs
         return self.squashed_sample(out, deterministic)
 
@@ -127,7 +129,7 @@ class SacPolicy(Policy):
         if not self.discrete:
             actions, logp = self.squashed_sample(out, deterministic)
             return actions, logp, state
-        log_probs = F.log_softmax(out, dim=-1)
+        log_probs = F.log_softmax(self.masked(out, observations), dim=-1)
         actions = log_probs.argmax(-1) if deterministic else torch.multinomial(log_probs.exp(), 1).squeeze(-1)
         return actions, log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1), state
 
@@ -172,7 +174,7 @@ class Sac(SacConfig, Algorithm):
 
     def build(self, parts: Components) -> Run:
         check_single_agent(parts, "sac")
-        kwargs = {"network": parts.network}
+        kwargs = {"network": parts.network, "action_mask_key": parts.action_mask_key}
         policy = SacPolicy(parts.observation_space, parts.action_space, **kwargs)
         check_feed_forward(policy, parts, "sac")
         learner = Learner(SacObjective(policy, self, parts.network), parts.device, **parts.learner)

@@ -35,7 +35,7 @@ def check_device(device: str) -> None:
 
 def check_env(settings: Settings) -> tuple[EnvFactory, gym.Space, gym.Space]:
     """Build one env in this process (before any actor starts) and return the factory and spaces."""
-    factory = EnvFactory.for_policy(settings.env, settings.policy)
+    factory = EnvFactory.for_policy(settings.env, settings.policy).resolved()
     observation_space, action_space = factory.check()
     return factory, observation_space, action_space
 
@@ -99,6 +99,7 @@ def build_run(settings: Settings, env_factory: EnvFactory, observation_space: gy
         network=_network_config(settings, algorithm), make_actors=_actors_factory(settings, algorithm, env_factory, rank, world_size),
         make_replay_buffer=_replay_buffer_factory(settings, rank), device=learner_device(settings.train.device, rank, world_size),
         seed=seed, load_policy=load_policy, max_env_steps=settings.train.max_env_steps,
+        action_mask_key=env_factory.action_mask_key(observation_space, action_space),
         learner={"precision": options.precision, "compile": options.compile, "compile_mode": options.compile_mode, "group": group},
     )
     return dataclasses.replace(algorithm.build(parts), epoch_length=settings.train.epoch_length or algorithm.epoch_length)

@@ -87,7 +87,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
                               f"Allow it by name with allow=[{','.join(refused)}], or trust_checkpoint=true (runs code from the file)")
     policy = load_policy(path, cfg.allow, cfg.trust_checkpoint, where)
     policy_config = (payload.get("config") or {}).get("policy")
-    env_factory = EnvFactory.for_policy(env_config, policy_config)
+    env_factory = EnvFactory.for_policy(env_config, policy_config).resolved()
     observation_space, action_space = env_factory.check()
     check_spaces(policy, observation_space, action_space, where)
     video_path = Path(cfg.video_path) if cfg.video_path else path.parent.parent / "videos" / "rollout.mp4"

@@ -10,6 +10,7 @@ from typing import Any, Mapping, Protocol, runtime_checkable
 
 import gymnasium as gym
 
+from maze_cli.envs.action_mask import FROM_INFO, InfoActionMask, LegalActionCheck, find_mask_key, gives_mask_in_info
 from maze_cli.envs.core_inputs import PreviousActionReward, adds_inputs
 from maze_cli.envs.info_stats import as_number, check_info_stats
 from maze_cli.envs.mujoco import is_mujoco_id, prepare_mujoco
@@ -41,8 +42,8 @@ _plain_warnings()
 
 # Keys of an env config that configure maze_cli rather than the env itself.
 ID_KEYS = ("id", "kwargs", "max_episode_steps", "vectorize", "register", "check", "reward_clip", "obs_keys", "core_inputs",
-           "info_stats", "wrappers")
-OWN_KEYS = ("check", "reward_clip", "obs_keys", "core_inputs", "info_stats", "wrappers", "agent_id")  # keys of any env config that maze_cli reads (never passed to the env)
+           "info_stats", "wrappers", "action_mask_key")
+OWN_KEYS = ("check", "reward_clip", "obs_keys", "core_inputs", "info_stats", "wrappers", "agent_id", "action_mask_key")  # keys of any env config that maze_cli reads (never passed to the env)
 # Optional extras that bring env packages, by the module an env config registers its ids from.
 EXTRAS = {"minatar": "minatar", "ale_py": "atari", "minigrid": "minigrid"}
 # Env id prefixes whose ids exist only once their package is imported (gymnasium 1.x loads no plugins).
@@ -119,8 +120,13 @@ class EnvFactory(EnvSource):
             env = apply_wrappers(env, self.config["wrappers"])
         if self.config.get("obs_keys") is not None:
             env = self._filter_observation(env)
+        if self.config.get("action_mask_key") == FROM_INFO:
+            env = InfoActionMask(env)
         if adds_inputs(self.config.get("core_inputs")):
             env = PreviousActionReward(env, self.config["core_inputs"], self.reward_clip)
+        mask_key = self.action_mask_key(env.observation_space, env.action_space)
+        if mask_key is not None:
+            env = LegalActionCheck(env, mask_key)
         return env
 
     def _build(self) -> Any:
@@ -297,6 +303,28 @@ class EnvFactory(EnvSource):
             return EnvFactory({**self.config, "vectorize": False})
         return self
 
+    def resolved(self) -> "EnvFactory":
+        """This factory, or one that moves the env's action mask from `info` into the observations, where
+        `env.action_mask_key` is null and a freshly built env's reset gives `info["action_mask"]` (a
+        multi-agent env is left as it is). Called once where a run or `rollout` starts, before `check`."""
+        if self.config.get("action_mask_key") is not None or self.agents is not None:
+            return self
+        try:
+            env = self()
+        except Exception:  # noqa: BLE001 - `check` reports why the env cannot be built, in one line
+            return self
+        try:
+            found = gives_mask_in_info(env)
+        except Exception:  # noqa: BLE001 - likewise, for an env whose reset fails
+            found = False
+        finally:
+            env.close()
+        return type(self)({**self.config, "action_mask_key": FROM_INFO}) if found else self
+
+    def action_mask_key(self, observation_space: gym.Space, action_space: gym.Space) -> str | None:
+        """`env.action_mask_key`, checked against the spaces; null: `action_mask` where the observations have it."""
+        return find_mask_key(observation_space, action_space, self.config.get("action_mask_key"))
+
     def describe(self) -> str:
         return str(self.config.get("id") or self.config.get("_target_"))
 
@@ -345,6 +373,7 @@ class EnvFactory(EnvSource):
             observation_space, action_space = agent_spaces(env, f"env._target_={self.config['_target_']}")
             self._supported_observation(observation_space)
             action_spec(action_space)
+            self.action_mask_key(observation_space, action_space)
             return observation_space, action_space
         finally:
             env.close()

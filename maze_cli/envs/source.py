@@ -15,6 +15,8 @@ from typing import Any, Callable, Mapping
 
 import gymnasium as gym
 
+from maze_cli.envs.action_mask import find_mask_key
+
 
 class EnvSource(abc.ABC):
     """Builds the envs of a run, and says how they may be stepped and what to follow in them.
@@ -47,6 +49,11 @@ class EnvSource(abc.ABC):
     def parallel_env(self) -> Any:
         """A fresh multi-agent env as a PettingZoo `ParallelEnv`; only a source with `agents` builds one."""
         raise TypeError(f"{self.describe()} builds single-agent envs, not a multi-agent ParallelEnv")
+
+    def action_mask_key(self, observation_space: gym.Space, action_space: gym.Space) -> str | None:
+        """The observation key that holds the action mask (`maze_cli.envs.action_mask`): PettingZoo's
+        `action_mask` where the observations have it, else none."""
+        return find_mask_key(observation_space, action_space, None)
 
     def describe(self) -> str:
         """The env's name in messages and logs."""

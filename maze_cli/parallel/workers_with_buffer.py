@@ -26,7 +26,7 @@ from maze_cli.stats.aggregator import EpochStatsAggregator, LogStatsLevel
 def initial_sampling_policy_or_random(policy: nn.Module, initial: nn.Module | None = None) -> nn.Module:
     """The policy that fills the replay buffer before learning starts, to pass to the actors as
     `initial_policy=`: `initial` if given, else uniform random actions over `policy`'s spaces."""
-    return initial if initial is not None else RandomPolicy(policy.observation_space, policy.action_space)
+    return initial if initial is not None else RandomPolicy(policy.observation_space, policy.action_space, policy.action_mask_key)
 
 
 @dataclass

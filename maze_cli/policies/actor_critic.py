@@ -28,14 +28,18 @@ class ActorCritic(Policy):
         module, so actors, checkpoints and `rollout` use the same ones.
     :param log_std_init: Box actions: the Gaussian's log std before training (a weight like the
         others, so a checkpoint's policy is rebuilt without it).
+    :param action_mask_key: the observation key of the action mask (Discrete, MultiDiscrete): forbidden
+        actions get probability zero in acting, the learner's log-probs and entropy, and greedy play.
     """
 
     def __init__(
         self, observation_space: gym.Space, action_space: gym.Space, network: Mapping[str, Any] | None = None,
         shared_network: bool = False, normalize_obs: bool = False, log_std_init: float = 0.0,
+        action_mask_key: str | None = None,
     ):
         super().__init__()
         self.observation_space, self.action_space = observation_space, action_space
+        self.action_mask_key = action_mask_key
         self.obs_normalizer = ObservationNormalizer(observation_space) if normalize_obs else None
         config = dict(network or mlp_network())
         self.network = build_network(config, observation_space)
@@ -63,6 +67,7 @@ class ActorCritic(Policy):
     def forward(self, observations: Observations, state: State = (), episode_start: torch.Tensor | None = None) -> PolicyOutput:
         """Params `[T, B, P]` and values `[T, B]` of time-major observations."""
         k = self._n_policy_state
+        raw = observations  # the mask as the env gave it, not normalized
         if self.obs_normalizer is not None:
             observations = self.obs_normalizer(observations)
         features, policy_state = self.network(observations, state[:k], episode_start)
@@ -70,13 +75,14 @@ class ActorCritic(Policy):
             value_features, value_state = features, ()
         else:
             value_features, value_state = self.value_network(observations, state[k:], episode_start)
-        params = self._params(self.policy_head(features))
+        params = self._params(self.masked(self.policy_head(features), raw))
         return PolicyOutput(params, self.value_head(value_features).squeeze(-1), policy_state + value_state)
 
     def action_params(self, observations: Observations, state: State, episode_start: torch.Tensor | None) -> tuple[torch.Tensor, State]:
         """Acting skips the value head and, with two networks, the value network: half the work.
         A recurrent value network still steps its state, so the learner can unroll it alike."""
         k = self._n_policy_state
+        raw = observations
         if self.obs_normalizer is not None:
             observations = self.obs_normalizer.step(observations)
         features, policy_state = self.network.step(observations, state[:k], episode_start)
@@ -84,7 +90,8 @@ class ActorCritic(Policy):
         if value_state:
             _, value_state = self.value_network.step(observations, value_state, episode_start)
         head = self._head
-        return self._params(F.linear(features, head["weight"], head["bias"])), policy_state + value_state
+        logits = self.masked(F.linear(features, head["weight"], head["bias"]), raw)
+        return self._params(logits), policy_state + value_state
 
     @torch.no_grad()
     def value(self, observations: Observations, state: State = (), episode_start: torch.Tensor | None = None) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from maze_cli.policies.distributions import ActionDistribution
+from maze_cli.envs.action_mask import apply_mask
 
 State = tuple[torch.Tensor, ...]
 """A recurrent state: tensors with the batch first (`[B, ...]`); `()` for feed-forward networks."""
@@ -93,6 +94,15 @@ class Policy(nn.Module, abc.ABC):
     action_space: gym.Space
     distribution: ActionDistribution
     network: PolicyNetwork
+    # the observation key of the action mask (`maze_cli.envs.action_mask`); None: every action is legal
+    action_mask_key: str | None = None
+
+    def masked(self, logits: torch.Tensor, observations: Observations) -> torch.Tensor:
+        """`logits` (or Q-values) with the actions the observations' mask forbids at the lowest value:
+        what every use of the distribution must see (sampling, log-probs, entropy, greedy)."""
+        if self.action_mask_key is None:
+            return logits
+        return apply_mask(logits, observations[self.action_mask_key])
 
     def initial_state(self, batch_size: int) -> State:
         return self.network.initial_state(batch_size)

@@ -9,17 +9,22 @@ import numpy as np
 import torch
 from torch import nn
 
+from maze_cli.envs.action_mask import apply_mask
+from maze_cli.policies.distributions import make_distribution
+
 
 class RandomPolicy(nn.Module):
     """Samples every action uniformly from the action space (with the torch RNG the actor seeds).
 
-    An unbounded Box dimension is sampled from a standard normal instead.
+    An unbounded Box dimension is sampled from a standard normal instead. With `action_mask_key`,
+    discrete actions are uniform among the legal ones the observations' mask names.
     """
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space):
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, action_mask_key: str | None = None):
         super().__init__()
         self.observation_space = observation_space
         self.action_space = action_space
+        self.action_mask_key = action_mask_key
         if isinstance(action_space, gym.spaces.Box):
             low, high = action_space.low.flatten(), action_space.high.flatten()
             self.bounded = torch.from_numpy(np.isfinite(low) & np.isfinite(high))
@@ -35,7 +40,11 @@ class RandomPolicy(nn.Module):
         """(actions, their log-probs, the unchanged empty state), as `Policy.act`."""
         n = next(iter(observations.values())).shape[0]
         space = self.action_space
-        if isinstance(space, gym.spaces.Discrete):
+        if self.action_mask_key is not None:
+            dist = make_distribution(space)
+            legal = apply_mask(torch.zeros(n, dist.n_params), observations[self.action_mask_key])
+            actions, logp = dist.sample_with_log_prob(legal)
+        elif isinstance(space, gym.spaces.Discrete):
             actions = torch.randint(int(space.n), (n,))
             logp = torch.full((n,), -math.log(int(space.n)))
         elif isinstance(space, gym.spaces.MultiDiscrete):

@@ -1,0 +1,184 @@
+"""Action masks (maze_cli/envs/action_mask.py): forbidden actions get probability zero in every use of
+the distribution, for every algorithm with discrete actions; bad mask configs are one line."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from maze_cli.algorithms.dqn import DqnPolicy
+from maze_cli.algorithms.sac import SacPolicy
+from maze_cli.envs.action_mask import LegalActionCheck, apply_mask, find_mask_key
+from maze_cli.envs.masked_choice import MaskedChoice
+from maze_cli.errors import ConfigError
+from maze_cli.policies.actor_critic import ActorCritic
+from maze_cli.policies.distributions import Categorical, MultiCategorical
+from tests.cli import run_train
+from tests.test_checkpoints import rollout
+from tests.test_cli_errors import assert_one_line_error
+from tests.test_train import read_stats
+
+NETWORK = {"_target_": "maze_cli.policies.mlp.MlpNetwork", "hidden_sizes": [16], "activation": "tanh"}
+
+
+def _masks(n: int, batch: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    mask = (torch.rand(batch, n, generator=g) < 0.4).to(torch.int8)
+    mask[torch.arange(batch), torch.randint(n, (batch,), generator=g)] = 1  # at least one legal
+    return mask
+
+
+def test_a_masked_categorical_never_samples_scores_or_picks_a_forbidden_action():
+    torch.manual_seed(0)
+    logits = torch.randn(256, 6, requires_grad=True)
+    mask = _masks(6, 256)
+    masked = apply_mask(logits, mask)
+    dist = Categorical(6)
+    for _ in range(20):
+        actions, logp = dist.sample_with_log_prob(masked)
+        assert mask.gather(1, actions[:, None]).all()
+        assert torch.allclose(logp, dist.log_prob(masked, actions))
+    assert mask.gather(1, dist.mode(masked)[:, None]).all()
+    probs = dist.log_prob(masked[:, None, :].expand(-1, 6, -1), torch.arange(6).expand(256, -1)).exp()
+    assert (probs[mask == 0] == 0).all() and torch.allclose(probs.sum(-1), torch.ones(256))
+    # the entropy is that of the legal actions' softmax alone, finite
+    legal_entropy = torch.stack([torch.distributions.Categorical(logits=logits[i][mask[i] == 1]).entropy() for i in range(256)])
+    assert torch.allclose(dist.entropy(masked), legal_entropy, atol=1e-5)
+    dist.entropy(masked).sum().backward()
+    assert (logits.grad[mask == 0] == 0).all() and logits.grad[mask == 1].abs().sum() > 0
+
+
+def test_a_masked_multicategorical_masks_each_choice_apart():
+    nvec = [3, 4]
+    mask = torch.cat([_masks(3, 128, 1), _masks(4, 128, 2)], dim=-1)
+    masked = apply_mask(torch.randn(128, 7), mask)
+    actions, _ = MultiCategorical(nvec).sample_with_log_prob(masked)
+    assert mask[:, :3].gather(1, actions[:, :1]).all() and mask[:, 3:].gather(1, actions[:, 1:]).all()
+
+
+def _choice_batch(batch: int) -> dict[str, torch.Tensor]:
+    mask = _masks(8, batch)
+    return {"obs": mask.float(), "action_mask": mask}
+
+
+@pytest.mark.parametrize("policy", ["actor_critic", "dqn", "sac"])
+def test_every_discrete_policy_acts_within_the_mask_sampled_and_greedy(policy):
+    torch.manual_seed(1)
+    spaces = MaskedChoice().observation_space, gym.spaces.Discrete(8)
+    if policy == "actor_critic":
+        net = ActorCritic(*spaces, NETWORK, action_mask_key="action_mask")
+    elif policy == "dqn":
+        net = DqnPolicy(*spaces, NETWORK, action_mask_key="action_mask")  # epsilon 1 at the start: all random
+    else:
+        net = SacPolicy(*spaces, NETWORK, action_mask_key="action_mask")
+    obs = _choice_batch(512)
+    for deterministic in (False, True):
+        actions, _, _ = net.act(obs, net.initial_state(512), torch.ones(512, dtype=torch.bool), deterministic=deterministic)
+        assert obs["action_mask"].gather(1, actions[:, None]).all(), deterministic
+    if policy == "dqn":
+        q = net.q(obs)
+        assert (q[obs["action_mask"] == 0] < -1e8).all() and (q[obs["action_mask"] == 1] > -1e8).all()
+    if policy == "actor_critic":  # the learner's forward over [T, B] sees the same mask
+        time_major = {k: v.reshape(4, 128, 8) for k, v in obs.items()}
+        params = net(time_major, (), torch.zeros(4, 128, dtype=torch.bool)).params
+        assert (params[time_major["action_mask"] == 0] < -1e8).all()
+
+
+def test_mask_keys_that_cannot_be_masks_are_refused_naming_the_key_and_the_fix():
+    obs, action = MaskedChoice().observation_space, gym.spaces.Discrete(8)
+    assert find_mask_key(obs, action, None) == "action_mask"
+    assert find_mask_key(obs, action, False) is None
+    assert find_mask_key(gym.spaces.Box(0, 1, (3,)), action, None) is None
+    with pytest.raises(ConfigError, match=r"action_mask_key=legal: .*no key 'legal'.*\['obs', 'action_mask'\]|action_mask_key=legal: .*no key 'legal'"):
+        find_mask_key(obs, action, "legal")
+    with pytest.raises(ConfigError, match=r"Box of shape \(5,\)"):
+        find_mask_key(obs, gym.spaces.Discrete(5), "action_mask")
+    with pytest.raises(ConfigError, match="cannot be masked"):
+        find_mask_key(obs, gym.spaces.Box(-1, 1, (8,)), "action_mask")
+    wide = gym.spaces.Dict({"action_mask": gym.spaces.Box(-5.0, 5.0, (8,))})
+    with pytest.raises(ConfigError, match="values 0"):
+        find_mask_key(wide, action, None)
+    assert find_mask_key(gym.spaces.Dict({"m": gym.spaces.MultiBinary(7)}), gym.spaces.MultiDiscrete([3, 4]), "m") == "m"
+
+
+def test_a_wrong_mask_key_is_one_line_before_any_actor_starts(tmp_path):
+    result = run_train("+env=masked_choice", "env.action_mask_key=legal", run_dir=tmp_path / "run")
+    assert_one_line_error(result, "env.action_mask_key=legal", "'legal'")
+
+
+class _NoLegalActionAtStep3(MaskedChoice):
+    """Fault injection: at its third step the env offers no legal action."""
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(self.best_action())
+        if self._t == 3:
+            observation["action_mask"][:] = 0
+        return observation, reward, terminated, truncated, info
+
+
+def test_a_mask_without_a_legal_action_is_an_error_that_names_the_step():
+    env = LegalActionCheck(_NoLegalActionAtStep3(), "action_mask")
+    env.reset(seed=0)
+    env.step(0)
+    env.step(0)
+    with pytest.raises(ValueError, match="episode step 3: the action mask allows no action"):
+        env.step(0)
+
+
+@pytest.mark.slow
+def test_masked_choice_is_learned_with_masks_and_never_an_illegal_action_while_without_them_it_is_not(tmp_path):
+    common = ["+env=masked_choice", "runner=sequential", "max_env_steps=60000", "target_return=null", "seed=1"]
+    masked = run_train(*common, run_dir=tmp_path / "masked")
+    assert masked.returncode == 0, masked.stderr
+    rows = read_stats(tmp_path / "masked")
+    assert all(row["env/illegal"] == 0 and row["eval/env/illegal"] == 0 for row in rows)
+    assert rows[-1]["eval/return_mean"] > 14  # the best play scores about 16; random legal play about 10
+    unmasked = run_train(*common, "env.action_mask_key=false", run_dir=tmp_path / "unmasked")
+    assert unmasked.returncode == 0, unmasked.stderr
+    last = read_stats(tmp_path / "unmasked")[-1]
+    assert last["env/illegal"] > 0.5 and last["eval/return_mean"] < rows[-1]["eval/return_mean"] - 2
+    out = rollout(f"checkpoint={tmp_path / 'masked' / 'checkpoints' / 'last.pt'}", "episodes=3")
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("algorithm", [["algorithm=ppo"], ["algorithm=appo"], ["algorithm=dqn"],
+                                       ["algorithm=sac", "algorithm.initial_buffer_size=200", "algorithm.batch_size=32"]])
+def test_every_discrete_algorithm_trains_within_the_mask(tmp_path, algorithm):
+    result = run_train("+env=masked_choice", "runner=sequential", "max_env_steps=3000", "target_return=null",
+                       "epoch_length=2", *algorithm, run_dir=tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    rows = read_stats(tmp_path / "run")
+    assert all(row["env/illegal"] == 0 for row in rows if "env/illegal" in row)
+    assert rows[-1]["eval/env/illegal"] == 0 and np.isfinite(rows[-1]["eval/return_mean"])
+
+
+class InfoMaskChoice(MaskedChoice):
+    """MaskedChoice that gives its mask as info["action_mask"] beside a plain Box observation."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.observation_space = self.observation_space["obs"]
+
+    def reset(self, *, seed=None, options=None):
+        observation, info = super().reset(seed=seed, options=options)
+        return observation["obs"], {**info, "action_mask": observation["action_mask"]}
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(action)
+        return observation["obs"], reward, terminated, truncated, {**info, "action_mask": observation["action_mask"]}
+
+
+def test_a_mask_in_info_is_found_and_moved_into_the_observations():
+    from maze_cli.envs.factory import EnvFactory
+
+    factory = EnvFactory({"_target_": "tests.test_action_masks.InfoMaskChoice"}).resolved()
+    assert factory.config["action_mask_key"] == "info"
+    observation_space, action_space = factory.check()
+    assert set(observation_space.spaces) == {"obs", "action_mask"}
+    assert factory.action_mask_key(observation_space, action_space) == "action_mask"
+    env = factory()
+    observation, _ = env.reset(seed=3)
+    assert observation["action_mask"].dtype == np.int8 and (observation["action_mask"] == observation["obs"]).all()
+    assert EnvFactory({"id": "CartPole-v1"}).resolved().config.get("action_mask_key") is None
