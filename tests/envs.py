@@ -283,9 +283,9 @@ class ScaledReward(gym.RewardWrapper):
 
 
 def signal_team_env(length: int = 8, n_agents: int = 2, leave_at: int | None = None, differing_spaces: bool = False,
-                    opposite: bool = False):
+                    opposite: bool = False, masked: bool = False):
     """A `SignalTeamEnv` (built by a function, so that pettingzoo is imported only where it is used)."""
-    return _signal_team_class()(length, n_agents, leave_at, differing_spaces, opposite)
+    return _signal_team_class()(length, n_agents, leave_at, differing_spaces, opposite, masked)
 
 
 def _signal_team_class():
@@ -299,12 +299,14 @@ def _signal_team_class():
         steps while the others play on; during those steps its observation's second entry is 5 (outside
         what a live agent sees), so a test can tell a finished agent's rows. `opposite`: the last agent
         earns by answering the opposite of its bit, which a policy that cannot tell the agents apart
-        cannot learn for both."""
+        cannot learn for both. `masked`: PettingZoo's layout `{"observation", "action_mask"}`, the mask
+        allowing only the action that earns, so a policy that honours it earns everything from the start."""
 
         metadata = {"name": "signal_team_v0"}
 
-        def __init__(self, length: int, n_agents: int, leave_at: int | None, differing_spaces: bool, opposite: bool):
-            self.length, self.leave_at = length, leave_at
+        def __init__(self, length: int, n_agents: int, leave_at: int | None, differing_spaces: bool, opposite: bool,
+                     masked: bool = False):
+            self.length, self.leave_at, self.masked = length, leave_at, masked
             self.flipped = self.possible_agents_of(n_agents)[-1] if opposite else None
             self.possible_agents = self.possible_agents_of(n_agents)
             self._observation = {a: gym.spaces.Box(0.0, 5.0, (2 + (differing_spaces and i == 1),), np.float32)
@@ -316,6 +318,8 @@ def _signal_team_class():
             return [f"agent_{i}" for i in range(n_agents)]
 
         def observation_space(self, agent):
+            if self.masked:
+                return gym.spaces.Dict({"observation": self._observation[agent], "action_mask": gym.spaces.Box(0, 1, (2,), np.int8)})
             return self._observation[agent]
 
         def action_space(self, agent):
@@ -326,7 +330,13 @@ def _signal_team_class():
                 self._rng = np.random.default_rng(seed)
             self.agents = list(self.possible_agents)
             self.t = 0
-            return self._observe(), {a: {} for a in self.agents}
+            return self._with_masks(self._observe()), {a: {} for a in self.agents}
+
+        def _with_masks(self, observations):
+            if not self.masked:
+                return observations
+            right = {a: (self.bits[a] == 1) != (a == self.flipped) for a in observations}  # the action that earns
+            return {a: {"observation": o, "action_mask": np.eye(2, dtype=np.int8)[int(right[a])]} for a, o in observations.items()}
 
         def _observe(self):
             self.bits = {a: int(self._rng.integers(2)) for a in self.agents}
@@ -342,6 +352,7 @@ def _signal_team_class():
             observations = self._observe()
             if leaving is not None:  # the value a finished agent's rows keep: no live agent ever sees it
                 observations[leaving] = np.array([0.0, 5.0], np.float32)
+            observations = self._with_masks(observations)
             rewards = {a: team for a in self.agents}
             truncated = {a: False for a in self.agents}
             infos = {a: {} for a in self.agents}
