@@ -27,10 +27,8 @@ FROM_INFO = "info"  # `env.action_mask_key=info`: the env gives its mask as info
 
 def mask_size(action_space: gym.Space) -> int | None:
     """Entries a mask of this action space has; None where actions cannot be masked (Box)."""
-    if isinstance(action_space, gym.spaces.Discrete):
-        return int(action_space.n)
-    if isinstance(action_space, gym.spaces.MultiDiscrete):
-        return int(np.sum(action_space.nvec))
+    if isinstance(action_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+        return sum(mask_parts(action_space))
     return None
 
 
@@ -108,19 +106,19 @@ class LegalActionCheck(gym.Wrapper):
     def __init__(self, env: gym.Env, key: str):
         super().__init__(env)
         self.key, self.parts, self.steps = key, mask_parts(env.action_space), 0
+        self.name = env.spec.id if env.spec else str(env)
 
     def reset(self, **kwargs):
         observation, info = self.env.reset(**kwargs)
         self.steps = 0
-        check_legal(np.asarray(observation[self.key]), self.parts, f"env {self.env.spec.id if self.env.spec else self.env}, reset")
+        check_legal(np.asarray(observation[self.key]), self.parts, f"env {self.name}, reset")
         return observation, info
 
     def step(self, action):
         observation, reward, terminated, truncated, info = self.env.step(action)
         self.steps += 1
         if not (terminated or truncated):
-            name = self.env.spec.id if self.env.spec else self.env
-            check_legal(np.asarray(observation[self.key]), self.parts, f"env {name}, episode step {self.steps}")
+            check_legal(np.asarray(observation[self.key]), self.parts, f"env {self.name}, episode step {self.steps}")
         return observation, reward, terminated, truncated, info
 
 
