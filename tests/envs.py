@@ -300,7 +300,9 @@ def _signal_team_class():
         what a live agent sees), so a test can tell a finished agent's rows. `opposite`: the last agent
         earns by answering the opposite of its bit, which a policy that cannot tell the agents apart
         cannot learn for both. `masked`: PettingZoo's layout `{"observation", "action_mask"}`, the mask
-        allowing only the action that earns, so a policy that honours it earns everything from the start."""
+        allowing only the action that earns, so a policy that honours it earns everything from the start.
+        `differing_spaces`: agent_1 is of another kind: it sees its bit one-hot followed by a 1 (Box(3,)) and
+        has three actions (the third never earns); an action outside an agent's own space is an error."""
 
         metadata = {"name": "signal_team_v0"}
 
@@ -323,7 +325,7 @@ def _signal_team_class():
             return self._observation[agent]
 
         def action_space(self, agent):
-            return gym.spaces.Discrete(2)
+            return gym.spaces.Discrete(3 if self._observation[agent].shape == (3,) else 2)
 
         def reset(self, seed=None, options=None):
             if seed is not None:
@@ -340,18 +342,22 @@ def _signal_team_class():
 
         def _observe(self):
             self.bits = {a: int(self._rng.integers(2)) for a in self.agents}
-            return {a: np.eye(2, dtype=np.float32)[self.bits[a]] for a in self.agents}
+            return {a: np.eye(2, dtype=np.float32)[self.bits[a]] if self._observation[a].shape == (2,)
+                    else np.array([*np.eye(2, dtype=np.float32)[self.bits[a]], 1.0], np.float32) for a in self.agents}
 
         def step(self, actions):
             if set(actions) != set(self.agents):
                 raise ValueError(f"actions for {sorted(actions)}, but the agents are {sorted(self.agents)}")
+            for a, action in actions.items():
+                if not self.action_space(a).contains(action):
+                    raise ValueError(f"agent {a}'s action {action!r} is not in its space {self.action_space(a)}")
             team = sum(float((actions[a] == self.bits[a]) != (a == self.flipped)) for a in self.agents) / len(self.possible_agents)
             self.t += 1
             leaving = self.possible_agents[-1] if self.leave_at is not None and self.t == self.leave_at else None
             terminated = {a: self.t >= self.length or a == leaving for a in self.agents}
             observations = self._observe()
             if leaving is not None:  # the value a finished agent's rows keep: no live agent ever sees it
-                observations[leaving] = np.array([0.0, 5.0], np.float32)
+                observations[leaving] = np.array([0.0, 5.0, 1.0][:self._observation[leaving].shape[0]], np.float32)
             observations = self._with_masks(observations)
             rewards = {a: team for a in self.agents}
             truncated = {a: False for a in self.agents}

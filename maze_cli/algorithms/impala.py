@@ -20,7 +20,7 @@ from maze_cli.config.schema import option, register_schema
 from maze_cli.learner import Learner
 from maze_cli.policies.actor_critic import ActorCritic
 from maze_cli.policies.base import Observations, State
-from maze_cli.policies.blueprint import policy_blueprint
+from maze_cli.policies.groups import grouped_policy
 from maze_cli.records import Rollout
 
 
@@ -143,11 +143,10 @@ class Impala(ImpalaConfig, Algorithm):
         normalize_obs, normalize_reward = normalization(self.normalize_obs, self.normalize_reward, parts.action_space)
         kwargs = {"network": parts.network, "shared_network": self.shared_network, "normalize_obs": normalize_obs,
                   "action_mask_key": parts.action_mask_key}
-        policy = ActorCritic(parts.observation_space, parts.action_space, log_std_init=self.log_std_init, **kwargs)
+        policy, blueprint = grouped_policy(ActorCritic, parts, kwargs, {"log_std_init": self.log_std_init})
         learner = Learner(ImpalaObjective(policy, self, normalize_reward), parts.device, max_env_steps=parts.max_env_steps,
                           **parts.learner)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps)
-        blueprint = policy_blueprint(ActorCritic, parts.observation_space, parts.action_space, kwargs)
         return Run(OnPolicyLoop(actors, learner), actors, learner, blueprint)
 
 

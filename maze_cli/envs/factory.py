@@ -15,6 +15,7 @@ from maze_cli.envs.core_inputs import PreviousActionReward, adds_inputs
 from maze_cli.envs.info_stats import as_number, check_info_stats
 from maze_cli.envs.mujoco import is_mujoco_id, prepare_mujoco
 from maze_cli.envs.multiagent import AgentIdObservation, agent_spaces, as_parallel, is_multiagent, team_info_stats
+from maze_cli.envs.policy_groups import PolicyGroupObservation, assign_groups
 from maze_cli.envs.source import EnvSource
 from maze_cli.envs.spaces import action_spec, observation_specs
 from maze_cli.envs.wrappers import apply_wrappers, wrapper_specs
@@ -42,8 +43,9 @@ _plain_warnings()
 
 # Keys of an env config that configure maze_cli rather than the env itself.
 ID_KEYS = ("id", "kwargs", "max_episode_steps", "vectorize", "register", "check", "reward_clip", "obs_keys", "core_inputs",
-           "info_stats", "wrappers", "action_mask_key")
-OWN_KEYS = ("check", "reward_clip", "obs_keys", "core_inputs", "info_stats", "wrappers", "agent_id", "action_mask_key")  # keys of any env config that maze_cli reads (never passed to the env)
+           "info_stats", "wrappers", "action_mask_key", "policy_groups")
+OWN_KEYS = ("check", "reward_clip", "obs_keys", "core_inputs", "info_stats", "wrappers", "agent_id", "action_mask_key",
+            "policy_groups")  # keys of any env config that maze_cli reads (never passed to the env)
 # Optional extras that bring env packages, by the module an env config registers its ids from.
 EXTRAS = {"minatar": "minatar", "ale_py": "atari", "minigrid": "minigrid"}
 # Env id prefixes whose ids exist only once their package is imported (gymnasium 1.x loads no plugins).
@@ -87,7 +89,8 @@ class EnvFactory(EnvSource):
     `info_stats` (either kind): `{info key: reduction}`, the env statistics the actors and evaluation
     follow (`maze_cli.envs.info_stats`).
     `agent_id` (a `_target_` that returns a PettingZoo env): each agent's observation also holds its
-    index, one-hot, under the key `agent_id` (`maze_cli.envs.multiagent`).
+    index, one-hot, under the key `agent_id` (`maze_cli.envs.multiagent`). `policy_groups` (likewise):
+    `{group: [agent names or patterns]}`, one policy per group (`maze_cli.envs.policy_groups`).
     """
 
     config: Mapping[str, Any]
@@ -149,19 +152,32 @@ class EnvFactory(EnvSource):
         env = self._build()
         if not is_multiagent(env):
             raise EnvConfigError(f"env._target_={self.config.get('_target_')}: not a PettingZoo env")
-        return AgentIdObservation(as_parallel(env)) if self.config.get("agent_id") else as_parallel(env)
+        env = AgentIdObservation(as_parallel(env)) if self.config.get("agent_id") else as_parallel(env)
+        return env if self.config.get("policy_groups") is None else PolicyGroupObservation(env, self.config["policy_groups"])
+
+    @cached_property
+    def policy_groups(self) -> dict[str, tuple[gym.Space, gym.Space]] | None:
+        """Each group's observation and action space under `env.policy_groups` (built once per
+        process to find out); None where the agents share one policy."""
+        if self.config.get("policy_groups") is None or self.agents is None:
+            return None
+        env = self.parallel_env()
+        try:
+            return dict(env.group_spaces)
+        finally:
+            env.close()
 
     @cached_property
     def agents(self) -> tuple[str, ...] | None:
         """The possible agents of a multi-agent (PettingZoo) env, None for a single-agent one. An env by
         id is a gymnasium env; a `_target_` is built once (per process) to find out."""
         if self.config.get("_target_") is None or self._builds_a_gym_env():
+            self._single_agent_keys()
             return None
         env = self._build()
         try:
             if not is_multiagent(env):
-                if self.config.get("agent_id"):
-                    raise EnvConfigError("env.agent_id=true: the env is not a multi-agent (PettingZoo) env; leave env.agent_id out")
+                self._single_agent_keys()
                 return None
             for key in ("wrappers", "obs_keys", "core_inputs"):
                 if self.config.get(key):
@@ -170,6 +186,12 @@ class EnvFactory(EnvSource):
             return tuple(as_parallel(env).possible_agents)
         finally:
             env.close()
+
+    def _single_agent_keys(self) -> None:
+        """Keys only a multi-agent env reads are one line on a single-agent one."""
+        for key, value in (("agent_id", "true"), ("policy_groups", "{...}")):
+            if self.config.get(key):
+                raise EnvConfigError(f"env.{key}={value}: the env is not a multi-agent (PettingZoo) env; leave env.{key} out")
 
     def _filter_observation(self, env: gym.Env) -> gym.Env:
         """The env with only `obs_keys` of its Dict observation; a key it lacks is a config error."""
@@ -337,7 +359,11 @@ class EnvFactory(EnvSource):
         """The env statistics to follow: `{info key: reduction}` (`env.info_stats`), and for a
         multi-agent env the team's and each agent's return."""
         own = check_info_stats(self.config.get("info_stats"))
-        return own if self.agents is None else {**own, **team_info_stats(self.agents)}
+        if self.agents is None:
+            return own
+        spec = self.config.get("policy_groups")
+        groups = None if spec is None else list(dict.fromkeys(assign_groups(spec, self.agents).values()))
+        return {**own, **team_info_stats(self.agents, groups)}
 
     def check(self) -> tuple[gym.Space, gym.Space]:
         """Build one env in this process, check its spaces are supported, and return them.

@@ -1,4 +1,5 @@
-"""Multi-agent envs (PettingZoo): each agent a row of the actors' batch, one policy shared by all.
+"""Multi-agent envs (PettingZoo): each agent a row of the actors' batch, one policy shared by all (or,
+under `env.policy_groups`, one per group: `maze_cli.envs.policy_groups`).
 
 A PettingZoo `ParallelEnv` (or an AEC env, converted with `aec_to_parallel`) with N possible agents
 gives an actor N rows of its batch, so the actors, records and learners see what they see for N
@@ -7,7 +8,8 @@ as *autoreset steps* (`maze_cli.envs.batch`): no transition, masked out of every
 step of a finished agent is ever trained on. The env resets when all its agents are done.
 
 Per env episode the team's statistics travel as env statistics (`maze_cli.envs.info_stats`):
-`env/team_return` (the sum of the agents' returns) and `env/agent/<name>/return`.
+`env/team_return` (the sum of the agents' returns), `env/agent/<name>/return` and, with policy groups,
+`env/group/<name>/return` (the mean of the group's agents' returns).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 import torch
 
 from maze_cli.envs.batch_step import BatchStep
+from maze_cli.envs.policy_groups import group_return_key
 from maze_cli.envs.spaces import ObservationWriter, actions_to_env, observation_specs
 from maze_cli.errors import ConfigError
 from maze_cli.seeding import derive_seeds
@@ -31,9 +34,11 @@ def agent_return_key(agent: str) -> str:
     return f"agent/{agent}/return"
 
 
-def team_info_stats(agents: Sequence[str]) -> dict[str, str]:
-    """The env statistics a multi-agent env reports at the end of each of its episodes."""
-    return {TEAM_RETURN: "last", **{agent_return_key(a): "last" for a in agents}}
+def team_info_stats(agents: Sequence[str], groups: Sequence[str] | None = None) -> dict[str, str]:
+    """The env statistics a multi-agent env reports at the end of each of its episodes (with policy
+    groups, each group's mean return too)."""
+    return {TEAM_RETURN: "last", **{agent_return_key(a): "last" for a in agents},
+            **{group_return_key(g): "last" for g in groups or ()}}
 
 
 def is_multiagent(env: Any) -> bool:
@@ -66,8 +71,9 @@ def agent_spaces(env: Any, what: str) -> tuple[gym.Space, gym.Space]:
                                    ("action", env.action_space(agent), action_space)):
             if mine != theirs:
                 raise ConfigError(f"{what}: agent {agent}'s {kind} space {mine} differs from agent {first}'s {theirs}; one "
-                                  f"policy is shared by all agents, so their spaces must be the same (pad them with a "
-                                  f"PettingZoo wrapper, e.g. supersuit's pad_observations_v0 / pad_action_space_v0)")
+                                  f"policy is shared by all agents, so their spaces must be the same: give each kind of agent its own "
+                                  f"policy with env.policy_groups={{<group>: [<agents>], ...}}, or pad the spaces with a "
+                                  f"PettingZoo wrapper, e.g. supersuit's pad_observations_v0 / pad_action_space_v0")
     return observation_space, action_space
 
 
@@ -141,6 +147,9 @@ class MultiAgentBatch:
         self.n_envs = n_rows
         self.n_agents = n_agents
         self.observation_space, self.action_space = agent_spaces(first, what)
+        groups = getattr(first, "agent_groups", None)  # {agent: group} under env.policy_groups
+        self.group_rows = {} if groups is None else {
+            g: [k for k, a in enumerate(self.agents) if groups[a] == g] for g in dict.fromkeys(groups.values())}
         self.writer = ObservationWriter(self.observation_space)
         self.returns = np.zeros((len(self.envs), n_agents))
         self.alive = np.zeros((len(self.envs), n_agents), dtype=bool)
@@ -198,8 +207,11 @@ class MultiAgentBatch:
         return BatchStep(list(self.observations), rewards, terminated, truncated, final, autoreset, infos)
 
     def _team_info(self, e: int) -> dict[str, float]:
-        """Env `e`'s episode as env statistics: the team's return and each agent's."""
-        return {TEAM_RETURN: float(self.returns[e].sum()), **{agent_return_key(a): float(r) for a, r in zip(self.agents, self.returns[e])}}
+        """Env `e`'s episode as env statistics: the team's return, each agent's and each group's (the
+        mean of its agents')."""
+        returns = self.returns[e]
+        return {TEAM_RETURN: float(returns.sum()), **{agent_return_key(a): float(r) for a, r in zip(self.agents, returns)},
+                **{group_return_key(g): float(returns[rows].mean()) for g, rows in self.group_rows.items()}}
 
     def write(self, observations: list[Any], out: dict[str, torch.Tensor | np.ndarray]) -> None:
         self.writer.write(observations, out)

@@ -29,6 +29,9 @@ class EnvSource(abc.ABC):
 
     # The possible agents of a multi-agent (PettingZoo) env; None for a single-agent env.
     agents: tuple[str, ...] | None = None
+    # `env.policy_groups` of a multi-agent env: each group's observation and action space (one policy
+    # each, `maze_cli.envs.policy_groups`); None: one policy shared by all agents.
+    policy_groups: Mapping[str, tuple[gym.Space, gym.Space]] | None = None
     # The env statistics the actors and evaluation follow: {info key: reduction}.
     info_stats: Mapping[str, str] = MappingProxyType({})
     # The bound of the rewards the learner sees (the stats keep the env's own); None: unclipped.
