@@ -119,6 +119,8 @@ class Evaluator:
         self.info_stats = dict(self.env_factory.info_stats)
 
     def __call__(self, policy: nn.Module) -> dict[str, float]:
+        if self.env_factory.turn_based:
+            return self._against_opponents(policy)
         episode_info = EpisodeInfoStats(self.info_stats, len(self.seeds))
         with eval_mode(policy), seeded_sampling(self.deterministic, self.seeds[0], self.device):
             returns, lengths = run_episodes(self.env_factory, policy, self.seeds, self.deterministic, self.device,
@@ -131,6 +133,20 @@ class Evaluator:
             "eval/episode_length_mean": sum(lengths) / len(lengths),
             **epoch_means(episode_info.take(), "eval"),
         }
+
+
+    def _against_opponents(self, policy: nn.Module) -> dict[str, float]:
+        """A turn-based game: the policy against each fixed opponent (`maze_cli.envs.turn_based`), one game per
+        eval seed, half in each seat; `eval/return_mean` is its mean return over all of them (win 1, loss -1)."""
+        from maze_cli.envs.turn_based import OPPONENTS, play_against
+
+        stats, returns = {}, []
+        with eval_mode(policy), seeded_sampling(self.deterministic, self.seeds[0], self.device):
+            for opponent in OPPONENTS:
+                result = play_against(self.env_factory.game, policy, opponent, self.seeds, self.device, self.deterministic)
+                returns.append(result.pop("return"))
+                stats.update({f"eval/{rate}/{opponent}": value for rate, value in result.items()})
+        return {"eval/return_mean": sum(returns) / len(returns), **stats}
 
 
 @dataclass

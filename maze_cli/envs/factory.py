@@ -155,6 +155,24 @@ class EnvFactory(EnvSource):
         env = AgentIdObservation(as_parallel(env)) if self.config.get("agent_id") else as_parallel(env)
         return env if self.config.get("policy_groups") is None else PolicyGroupObservation(env, self.config["policy_groups"])
 
+    def game(self) -> Any:
+        if not self.turn_based:
+            raise EnvConfigError(f"env._target_={self.config.get('_target_')}: not a turn-based game")
+        return self._build()
+
+    @cached_property
+    def turn_based(self) -> bool:
+        """Whether the env is a turn-based game (`maze_cli.envs.turn_based`), built once per process to find out."""
+        if self.agents is None:
+            return False
+        from maze_cli.envs.turn_based import is_turn_based
+
+        env = self._build()
+        try:
+            return is_turn_based(env)
+        finally:
+            env.close()
+
     @cached_property
     def policy_groups(self) -> dict[str, tuple[gym.Space, gym.Space]] | None:
         """Each group's observation and action space under `env.policy_groups` (built once per

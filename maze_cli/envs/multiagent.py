@@ -51,10 +51,15 @@ def is_multiagent(env: Any) -> bool:
 
 
 def as_parallel(env: Any) -> Any:
-    """The env as a `ParallelEnv`: an AEC env goes through PettingZoo's `aec_to_parallel`."""
+    """The env as a `ParallelEnv`: an AEC env goes through PettingZoo's `aec_to_parallel`, a turn-based one
+    (not declared parallelizable) through `TurnBasedParallel` (`maze_cli.envs.turn_based`)."""
     from pettingzoo import AECEnv
     from pettingzoo.utils.conversions import aec_to_parallel
 
+    from maze_cli.envs.turn_based import TurnBasedParallel, is_turn_based
+
+    if is_turn_based(env):
+        return TurnBasedParallel(env)
     return aec_to_parallel(env) if isinstance(env, AECEnv) else env
 
 

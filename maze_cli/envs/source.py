@@ -32,6 +32,9 @@ class EnvSource(abc.ABC):
     # `env.policy_groups` of a multi-agent env: each group's observation and action space (one policy
     # each, `maze_cli.envs.policy_groups`); None: one policy shared by all agents.
     policy_groups: Mapping[str, tuple[gym.Space, gym.Space]] | None = None
+    # A turn-based game (`maze_cli.envs.turn_based`): one policy plays every seat; evaluation plays it
+    # against fixed opponents.
+    turn_based: bool = False
     # The env statistics the actors and evaluation follow: {info key: reduction}.
     info_stats: Mapping[str, str] = MappingProxyType({})
     # The bound of the rewards the learner sees (the stats keep the env's own); None: unclipped.
@@ -52,6 +55,11 @@ class EnvSource(abc.ABC):
     def parallel_env(self) -> Any:
         """A fresh multi-agent env as a PettingZoo `ParallelEnv`; only a source with `agents` builds one."""
         raise TypeError(f"{self.describe()} builds single-agent envs, not a multi-agent ParallelEnv")
+
+    def game(self) -> Any:
+        """A fresh turn-based game as its PettingZoo AEC env (what evaluation plays fixed opponents on);
+        only a source with `turn_based` builds one."""
+        raise TypeError(f"{self.describe()} is not a turn-based game")
 
     def action_mask_key(self, observation_space: gym.Space, action_space: gym.Space) -> str | None:
         """The observation key that holds the action mask (`maze_cli.envs.action_mask`): PettingZoo's

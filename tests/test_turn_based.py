@@ -1,0 +1,98 @@
+"""Turn-based games by self-play (`maze_cli.envs.turn_based`): seats as rows with a forced pass, and
+evaluation against fixed opponents."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pettingzoo")
+
+from pettingzoo.classic import connect_four_v3, tictactoe_v3  # noqa: E402
+
+from maze_cli.envs import EnvFactory  # noqa: E402
+from maze_cli.envs.multiagent import MultiAgentBatch  # noqa: E402
+from maze_cli.envs.turn_based import TurnBasedParallel, lookahead_move, play_against  # noqa: E402
+from maze_cli.policies.random_policy import RandomPolicy  # noqa: E402
+from tests.cli import run_train  # noqa: E402
+from tests.test_multiagent import env_config, read_stats  # noqa: E402
+
+PASS = 9  # tictactoe's 9 squares, then the pass
+
+
+def test_only_the_seat_to_move_has_moves_the_others_must_pass_and_the_loser_gets_its_reward():
+    game = TurnBasedParallel(tictactoe_v3.env())
+    assert game.action_space("player_1").n == PASS + 1
+    observations, _ = game.reset(seed=0)
+    rng = np.random.default_rng(0)
+    totals = {a: 0.0 for a in game.possible_agents}
+    steps = 0
+    while game.agents:
+        movers = [a for a, o in observations.items() if not o["action_mask"][PASS]]
+        assert len(movers) == 1  # one seat moves; every other may only pass
+        for a, o in observations.items():
+            if a != movers[0]:
+                assert o["action_mask"].tolist() == [0] * PASS + [1]
+        mover = movers[0]
+        move = int(rng.choice(np.flatnonzero(observations[mover]["action_mask"][:PASS])))
+        actions = {a: (move if a == mover else PASS) for a in game.agents}
+        observations, rewards, terminated, truncated, _ = game.step(actions)
+        for a, r in rewards.items():
+            totals[a] += r
+        steps += 1
+    assert all(terminated.values()) and not any(truncated.values())
+    assert sorted(totals.values()) in ([-1.0, 1.0], [0.0, 0.0])  # a win and a loss, each on its own row, or a draw
+    assert 5 <= steps <= 9
+
+
+def test_each_seat_is_a_row_and_an_ended_game_resets():
+    factory = EnvFactory({"_target_": "pettingzoo.classic.tictactoe_v3.env"})
+    assert factory.turn_based and factory.agents == ("player_1", "player_2")
+    batch = MultiAgentBatch(factory.parallel_env, 4, "test")
+    batch.reset(seed=1)
+    policy_rng = np.random.default_rng(1)
+    ended = 0
+    for _ in range(60):
+        actions = np.array([int(policy_rng.choice(np.flatnonzero(o["action_mask"]))) for o in batch.observations])
+        step = batch.step(actions)
+        assert not step.autoreset.any()  # a pass is a real step of its seat: both rows go on together
+        ended += len(step.infos)
+        for info in step.infos.values():
+            assert info["team_return"] == 0.0  # zero-sum: one seat's win is the other's loss
+    assert ended >= 10
+
+
+def test_the_lookahead_takes_a_winning_move_and_blocks_the_opponents():
+    env = connect_four_v3.env()
+    env.reset(seed=0)
+    for column in (0, 6, 0, 6, 0):  # player_0 stacks three in column 0, player_1 two in column 6
+        env.step(column)
+    rng = np.random.default_rng(0)
+    assert lookahead_move(env, "player_1", rng) == 0  # player_1 must block column 0
+    env.step(5)  # player_1 does not; player_0 to move can win in column 0
+    assert all(lookahead_move(env, "player_0", np.random.default_rng(s)) == 0 for s in range(5))
+
+
+@pytest.mark.parametrize("make_env", [tictactoe_v3.env, connect_four_v3.env])
+def test_fixed_opponents_rank_as_they_should(make_env):
+    """Against a uniformly random player the lookahead wins most games, and a random player loses most against it."""
+    game = TurnBasedParallel(make_env())
+    random_policy = RandomPolicy(game.observation_space("x"), game.action_space("x"), "action_mask")
+    against_random = play_against(make_env, random_policy, "random", list(range(40)), deterministic=False)
+    against_lookahead = play_against(make_env, random_policy, "lookahead", list(range(40)), deterministic=False)
+    assert sum(against_random[k] for k in ("win_rate", "draw_rate", "loss_rate")) == pytest.approx(1.0)
+    assert 0.25 <= against_random["win_rate"] <= 0.75
+    assert against_lookahead["loss_rate"] >= 0.7 and against_lookahead["win_rate"] <= 0.15
+
+
+def test_a_self_play_run_reports_win_draw_and_loss_rates_per_opponent(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train(*env_config(tmp_path, _target_="pettingzoo.classic.tictactoe_v3.env"), "runner=sequential",
+                       "runner.envs_per_actor=8", "max_env_steps=3000", "eval.episodes=4", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    last = read_stats(run_dir)[-1]
+    for opponent in ("random", "lookahead"):
+        rates = [last[f"eval/{r}_rate/{opponent}"] for r in ("win", "draw", "loss")]
+        assert sum(rates) == pytest.approx(1.0)
+    assert -1.0 <= last["eval/return_mean"] <= 1.0
+    assert last["env/team_return"] == 0.0  # self-play: the seats' returns cancel
