@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("pettingzoo")
 
@@ -13,6 +14,8 @@ from pettingzoo.classic import connect_four_v3, tictactoe_v3  # noqa: E402
 from maze_cli.envs import EnvFactory  # noqa: E402
 from maze_cli.envs.multiagent import MultiAgentBatch  # noqa: E402
 from maze_cli.envs.turn_based import TurnBasedParallel, lookahead_move, play_against  # noqa: E402
+from maze_cli.parallel import SequentialDistributedActors  # noqa: E402
+from maze_cli.policies import ActorCritic, mlp_network  # noqa: E402
 from maze_cli.policies.random_policy import RandomPolicy  # noqa: E402
 from tests.cli import run_train  # noqa: E402
 from tests.test_multiagent import env_config, read_stats  # noqa: E402
@@ -96,3 +99,52 @@ def test_a_self_play_run_reports_win_draw_and_loss_rates_per_opponent(tmp_path):
         assert sum(rates) == pytest.approx(1.0)
     assert -1.0 <= last["eval/return_mean"] <= 1.0
     assert last["env/team_return"] == 0.0  # self-play: the seats' returns cancel
+
+
+def _preferring(policy, lowest: bool) -> dict:
+    """The weights of `policy` with its head set to prefer the lowest (or highest) legal move, by far."""
+    state = {k: v.clone() for k, v in policy.state_dict().items()}
+    n = state["policy_head.bias"].numel()
+    state["policy_head.weight"].zero_()
+    state["policy_head.bias"].copy_(torch.arange(n, dtype=torch.float32) * (-20.0 if lowest else 20.0))
+    return state
+
+
+def test_a_pool_version_plays_one_seat_of_each_game_and_those_rows_are_not_learned_from():
+    """pool_share=1: once the pool holds a version, every new game gives one of its seats to it: that seat plays
+    the pool's moves (the lowest legal square) and its rows are autoreset steps; the other seat plays the
+    current policy's (the highest legal square) and learns."""
+    factory = EnvFactory({"_target_": "pettingzoo.classic.tictactoe_v3.env"}).with_selfplay(
+        {"pool_size": 2, "pool_share": 1.0, "snapshot_every": 1000})
+    observation_space, action_space = factory.check()
+    policy = ActorCritic(observation_space, action_space, mlp_network((8,)), action_mask_key="action_mask")
+    with SequentialDistributedActors(factory, policy, 10, 1, 1, envs_per_actor=8) as actors:
+        actors.broadcast_updated_policy(_preferring(policy, lowest=True))  # version 1: the pool's first snapshot
+        actors.broadcast_updated_policy(_preferring(policy, lowest=False))  # version 2: the current policy
+        batches = [actors.collect_outputs("cpu")[0] for _ in range(4)]
+    pooled_moves = own_moves = 0
+    for batch in batches[1:]:  # the games started at the reset had no pool yet; these began later
+        masks = batch.observations["action_mask"][:-1]
+        for t in range(batch.n_steps):
+            for game in range(4):
+                rows = [2 * game, 2 * game + 1]
+                pooled = [r for r in rows if batch.autoreset[t, r]]
+                for r in rows:
+                    legal = np.flatnonzero(masks[t, r, :PASS].numpy())
+                    if len(legal) == 0:
+                        continue  # this seat passes
+                    if r in pooled:
+                        assert int(batch.actions[t, r]) == legal.min()
+                        pooled_moves += 1
+                    else:
+                        assert int(batch.actions[t, r]) == legal.max()
+                        own_moves += 1
+                assert len(pooled) <= 1
+    assert pooled_moves >= 10 and own_moves >= 10
+
+
+def test_a_pool_on_a_game_that_is_not_turn_based_is_one_line(tmp_path):
+    result = run_train("+env=cartpole", "selfplay.pool_size=4", run_dir=tmp_path / "run")
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("train: error: selfplay.pool_size=4: CartPole-v1 is not a turn-based game (a PettingZoo "
+                                     "AEC env whose agents take turns); leave selfplay.pool_size at 0")

@@ -37,6 +37,7 @@ def check_env(settings: Settings) -> tuple[EnvFactory, gym.Space, gym.Space]:
     """Build one env in this process (before any actor starts) and return the factory and spaces."""
     factory = EnvFactory.for_policy(settings.env, settings.policy).resolved()
     observation_space, action_space = factory.check()
+    factory = factory.with_selfplay(dataclasses.asdict(settings.train.selfplay))
     return factory, observation_space, action_space
 
 

@@ -105,6 +105,16 @@ class SweepConfig:
 
 
 @dataclass
+class SelfPlayConfig:
+    """A turn-based game's self-play (docs/multiagent.md): against the current policy, or a pool of earlier versions."""
+
+    # earlier policy versions each actor keeps as opponents; 0: every seat plays the current policy
+    pool_size: int = _f(0, ge=0)
+    pool_share: float = _f(0.5, ge=0, le=1)  # share of games in which the pool plays one seat (once it holds a version)
+    snapshot_every: int = _f(20, ge=1)  # policy versions between two snapshots into the pool
+
+
+@dataclass
 class TrainConfig:
     """Top-level keys of `train` (the budget and the run)."""
 
@@ -132,6 +142,7 @@ class TrainConfig:
     # objects and name any class: this runs code from the file; only for files from people you trust
     trust_checkpoint: bool = False
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
 
 
 @dataclass

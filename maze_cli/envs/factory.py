@@ -45,7 +45,7 @@ _plain_warnings()
 ID_KEYS = ("id", "kwargs", "max_episode_steps", "vectorize", "register", "check", "reward_clip", "obs_keys", "core_inputs",
            "info_stats", "wrappers", "action_mask_key", "policy_groups")
 OWN_KEYS = ("check", "reward_clip", "obs_keys", "core_inputs", "info_stats", "wrappers", "agent_id", "action_mask_key",
-            "policy_groups")  # keys of any env config that maze_cli reads (never passed to the env)
+            "policy_groups", "selfplay")  # keys of any env config that maze_cli reads (never passed to the env)
 # Optional extras that bring env packages, by the module an env config registers its ids from.
 EXTRAS = {"minatar": "minatar", "ale_py": "atari", "minigrid": "minigrid"}
 # Env id prefixes whose ids exist only once their package is imported (gymnasium 1.x loads no plugins).
@@ -155,6 +155,11 @@ class EnvFactory(EnvSource):
         env = AgentIdObservation(as_parallel(env)) if self.config.get("agent_id") else as_parallel(env)
         return env if self.config.get("policy_groups") is None else PolicyGroupObservation(env, self.config["policy_groups"])
 
+    @property
+    def selfplay(self) -> Mapping[str, Any] | None:
+        """The run's `selfplay` settings (set from the top-level `selfplay` keys by `for_policy`)."""
+        return self.config.get("selfplay")
+
     def game(self) -> Any:
         if not self.turn_based:
             raise EnvConfigError(f"env._target_={self.config.get('_target_')}: not a turn-based game")
@@ -233,6 +238,16 @@ class EnvFactory(EnvSource):
         if not adds_inputs(inputs):
             return cls(env_config)
         return cls({**env_config, "core_inputs": list(inputs)})
+
+    def with_selfplay(self, selfplay: Mapping[str, Any]) -> "EnvFactory":
+        """This factory carrying the run's `selfplay` settings to the actors (`maze_cli.parallel.selfplay`):
+        a pool of earlier versions where `pool_size` > 0, which only a turn-based game takes (one line otherwise)."""
+        if not selfplay.get("pool_size"):
+            return self
+        if not self.turn_based:
+            raise EnvConfigError(f"selfplay.pool_size={selfplay['pool_size']}: {self.describe()} is not a turn-based game "
+                                 f"(a PettingZoo AEC env whose agents take turns); leave selfplay.pool_size at 0")
+        return type(self)({**self.config, "selfplay": dict(selfplay)})
 
     def _register(self) -> None:
         """Import `register`'s module (or, for a known id prefix such as ALE/, its package) so that

@@ -35,6 +35,9 @@ class EnvSource(abc.ABC):
     # A turn-based game (`maze_cli.envs.turn_based`): one policy plays every seat; evaluation plays it
     # against fixed opponents.
     turn_based: bool = False
+    # `selfplay` settings of a turn-based game (pool_size, pool_share, snapshot_every: maze_cli.parallel.selfplay);
+    # None: every seat plays the current policy.
+    selfplay: Mapping[str, Any] | None = None
     # The env statistics the actors and evaluation follow: {info key: reduction}.
     info_stats: Mapping[str, str] = MappingProxyType({})
     # The bound of the rewards the learner sees (the stats keep the env's own); None: unclipped.

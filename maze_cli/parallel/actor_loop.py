@@ -23,8 +23,10 @@ from maze_cli.envs.batch import make_env_batch
 from maze_cli.envs.info_stats import EpisodeInfoStats
 from maze_cli.envs.source import EnvSource, as_env_source
 from maze_cli.envs.spaces import observation_specs
+from maze_cli.parallel.selfplay import OpponentPool, pool_settings
 from maze_cli.policies.base import Policy
 from maze_cli.records import Rollout, RolloutInfo
+from maze_cli.seeding import derive_seed
 
 
 class Actor:
@@ -71,6 +73,10 @@ class Actor:
             self.policy.for_envs(*run_envs)
         self.initial_policy = initial_policy
         self.policy_version = 0
+        selfplay = pool_settings(source)  # a turn-based game's pool of earlier versions (maze_cli.parallel.selfplay)
+        self.pool = None if selfplay is None else OpponentPool(
+            self.policy, n_envs, len(source.agents), selfplay["pool_size"], selfplay["pool_share"], selfplay["snapshot_every"],
+            derive_seed(agent_seed, "selfplay"))
         self._rng_state = torch.Generator().manual_seed(agent_seed).get_state()
         self.current_obs = {
             k: torch.zeros((n_envs,) + s.shape, dtype=s.dtype) for k, s in observation_specs(self.envs.observation_space).items()
@@ -112,6 +118,8 @@ class Actor:
         """Adopt a new policy version (copying the weights into the local module)."""
         self.policy.load_state_dict(state_dict)
         self.policy_version = version
+        if self.pool is not None:
+            self.pool.offer(state_dict, version)
 
     def collect(self, out: Rollout) -> RolloutInfo:
         """Fill `out` with the next rollout; return its metadata (episode stats, timings)."""
@@ -151,10 +159,15 @@ class Actor:
         for value in out.final_observations.values():
             value.zero_()
         policy = self.initial_policy if self.initial_policy is not None and self.policy_version == 0 else self.policy
-        envs, state, episode_info = self.envs, self.state, self.episode_info
+        envs, state, episode_info, pool = self.envs, self.state, self.episode_info, self.pool
+        if pool is not None:
+            pool.next_rollout()
+        pooled = None
         for t in range(n_steps):
             t0 = time.perf_counter()
             action, logp, state = policy.act({key: rows[t] for key, rows in obs_rows.items()}, state, start_rows[t])
+            if pool is not None:  # the seats an earlier version plays: their moves, and no transitions to learn from
+                pooled = pool.act({key: rows[t] for key, rows in obs_rows.items()}, start_rows[t], action)
             actions.append(action)
             logps.append(logp)
             t1 = time.perf_counter()
@@ -164,7 +177,7 @@ class Actor:
             env_rewards[t] = step.rewards
             terminated[t] = step.terminated
             truncated[t] = step.truncated
-            autoreset[t] = step.autoreset
+            autoreset[t] = step.autoreset if pooled is None else step.autoreset | pooled
             if self._resets_next_step:
                 episode_start[t + 1] = step.autoreset
             else:
