@@ -1,0 +1,82 @@
+"""Connect Four by self-play (`+env=connect_four`): win, draw and loss rates against a random and a one-step
+lookahead player within a wall-clock budget, every seed.
+
+    python benchmarks/connect_four.py --seeds 1 2 3 --minutes 30
+    python benchmarks/connect_four.py --seeds 1 --minutes 10 --overrides algorithm=ppo selfplay.pool_size=8
+    python benchmarks/connect_four.py --report-only --out /tmp/table.md
+
+The rule: `max_time_s` of training (evaluations included), `eval.episodes` games against each opponent per
+evaluation, half in each seat; a run's figure is its last evaluation, and its best is given beside it.
+Every run (every evaluation) is appended to benchmarks/results/connect_four.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from machine import machine_line
+from runs import publish, run_train
+from scores import iqm_with_interval
+
+RESULTS = Path(__file__).parent / "results" / "connect_four.jsonl"
+OPPONENTS = ("random", "lookahead")
+
+
+def one_run(seed: int, minutes: float, overrides: list[str], workdir: Path) -> dict:
+    run = run_train(["+env=connect_four", f"seed={seed}", f"max_time_s={minutes * 60:.0f}", *overrides],
+                    workdir / f"run-{seed}", timeout_s=minutes * 60 + 900)
+    evaluations = [{"env_steps": r["env_steps"], "time_s": r["time_s"],
+                    **{f"{rate}/{o}": r[f"eval/{rate}_rate/{o}"] for o in OPPONENTS for rate in ("win", "draw", "loss")}}
+                   for r in run.rows if f"eval/win_rate/{OPPONENTS[0]}" in r]
+    return {"seed": seed, "minutes": minutes, "overrides": overrides, "evaluations": evaluations,
+            "wall_s": round(run.wall_s, 1), "machine": machine_line()}
+
+
+def report(entries: list[dict]) -> list[str]:
+    lines = ["| settings | minutes | opponent | win rate, last evaluation, seeds in order | mean [95% CI] | IQM [95% CI] | best win rate | draws / losses (last) |",
+             "|---|---:|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, float], list[dict]] = {}
+    for entry in entries:
+        groups.setdefault((" ".join(entry["overrides"]) or "defaults", entry["minutes"]), []).append(entry)
+    for (settings, minutes), runs in groups.items():
+        runs.sort(key=lambda e: e["seed"])
+        for o in OPPONENTS:
+            last = [e["evaluations"][-1] for e in runs]
+            wins = [x[f"win/{o}"] for x in last]
+            if len(wins) > 1:
+                mean, iqm, lo, hi, (mlo, mhi) = iqm_with_interval(wins)
+                stats = f"{mean:.2f} [{mlo:.2f}, {mhi:.2f}] | {iqm:.2f} [{lo:.2f}, {hi:.2f}]"
+            else:
+                stats = f"{wins[0]:.2f} | -"
+            best = " / ".join(f"{max(x[f'win/{o}'] for x in e['evaluations']):.2f}" for e in runs)
+            other = " / ".join(f"{x[f'draw/{o}']:.2f}, {x[f'loss/{o}']:.2f}" for x in last)
+            every = " / ".join(f"s{e['seed']}: {w:.2f}" for e, w in zip(runs, wins))
+            lines.append(f"| {settings} | {minutes:g} | {o} | {every} | {stats} | {best} | {other} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--overrides", nargs="*", default=[], help="more train overrides, e.g. algorithm=ppo")
+    parser.add_argument("--out", type=Path, help="also write the Markdown report here")
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args()
+    if not args.report_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            for seed in args.seeds:
+                entry = one_run(seed, args.minutes, args.overrides, Path(tmp))
+                RESULTS.parent.mkdir(exist_ok=True)
+                with RESULTS.open("a") as f:
+                    f.write(json.dumps(entry) + "\n")
+                print(json.dumps({k: v for k, v in entry.items() if k != "evaluations"} | {"last": entry["evaluations"][-1]}), flush=True)
+    entries = [json.loads(line) for line in RESULTS.read_text().splitlines()]
+    publish([f"Machine: {entries[-1]['machine']}", ""] + report(entries), args.out)
+
+
+if __name__ == "__main__":
+    main()
