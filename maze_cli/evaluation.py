@@ -143,7 +143,7 @@ class Evaluator:
         stats, returns = {}, []
         with eval_mode(policy), seeded_sampling(self.deterministic, self.seeds[0], self.device):
             for opponent in OPPONENTS:
-                result = play_against(self.env_factory.game, policy, opponent, self.seeds, self.device, self.deterministic)
+                result = play_against(self.env_factory.parallel_env, policy, opponent, self.seeds, self.device, self.deterministic)
                 returns.append(result.pop("return"))
                 stats.update({f"eval/{rate}/{opponent}": value for rate, value in result.items()})
         return {"eval/return_mean": sum(returns) / len(returns), **stats}

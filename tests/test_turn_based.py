@@ -76,22 +76,29 @@ def test_the_lookahead_takes_a_winning_move_and_blocks_the_opponents():
     assert all(lookahead_move(env, "player_0", np.random.default_rng(s)) == 0 for s in range(5))
 
 
-@pytest.mark.parametrize("make_env", [tictactoe_v3.env, connect_four_v3.env])
-def test_fixed_opponents_rank_as_they_should(make_env):
+@pytest.mark.parametrize("make_game", [tictactoe_v3.env, connect_four_v3.env])
+def test_fixed_opponents_rank_as_they_should(make_game):
     """Against a uniformly random player the lookahead wins most games, and a random player loses most against it."""
-    game = TurnBasedParallel(make_env())
+    def make_env():
+        return TurnBasedParallel(make_game())
+
+    game = make_env()
+    torch.manual_seed(0)  # the random policy samples from torch's generator
     random_policy = RandomPolicy(game.observation_space("x"), game.action_space("x"), "action_mask")
     against_random = play_against(make_env, random_policy, "random", list(range(40)), deterministic=False)
     against_lookahead = play_against(make_env, random_policy, "lookahead", list(range(40)), deterministic=False)
     assert sum(against_random[k] for k in ("win_rate", "draw_rate", "loss_rate")) == pytest.approx(1.0)
     assert 0.25 <= against_random["win_rate"] <= 0.75
-    assert against_lookahead["loss_rate"] >= 0.7 and against_lookahead["win_rate"] <= 0.15
+    assert against_lookahead["loss_rate"] >= 0.6 and against_lookahead["win_rate"] <= 0.15  # tic-tac-toe: draws too
 
 
-def test_a_self_play_run_reports_win_draw_and_loss_rates_per_opponent(tmp_path):
+@pytest.mark.parametrize("groups", [None, "{first: [player_1], second: [player_2]}"])
+def test_a_self_play_run_reports_win_draw_and_loss_rates_per_opponent(tmp_path, groups):
+    """With one policy for both seats, or one per seat (policy groups: each plays its own seat's games)."""
     run_dir = tmp_path / "run"
     result = run_train(*env_config(tmp_path, _target_="pettingzoo.classic.tictactoe_v3.env"), "runner=sequential",
-                       "runner.envs_per_actor=8", "max_env_steps=3000", "eval.episodes=4", run_dir=run_dir)
+                       "runner.envs_per_actor=8", "max_env_steps=3000", "eval.episodes=4", run_dir=run_dir,
+                       *([] if groups is None else [f"+env.policy_groups={groups}"]))
     assert result.returncode == 0, result.stderr
     last = read_stats(run_dir)[-1]
     for opponent in ("random", "lookahead"):

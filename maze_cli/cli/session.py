@@ -141,7 +141,7 @@ def _train(cfg: DictConfig, settings: Settings, config: dict[str, Any], env_fact
     result = _run_to_the_end(run, trainer, checkpointer, files, trackers, run_dir, broadcast_first, callbacks, config)
     checkpointer.save_last(result.stop_reason)
     log.info(_summary_line(result, trainer.time_offset + result.time_s, trainer.best_eval, run_dir / "checkpoints",
-                           time.perf_counter() - started))
+                           time.perf_counter() - started, t.eval.interval > 0))
     summary = {"stop_reason": result.stop_reason, "env_steps": result.env_steps, "time_s": result.time_s,
                "objective": objective(run_dir, t)}
     callbacks.train_end(summary)
@@ -317,11 +317,13 @@ def _close(writers: list[StatsWriter], failing: bool) -> None:
         raise first
 
 
-def _summary_line(result: TrainResult, trained_s: float, best_eval: float | None, checkpoints: Path, wall_s: float) -> str:
+def _summary_line(result: TrainResult, trained_s: float, best_eval: float | None, checkpoints: Path, wall_s: float,
+                  evaluating: bool = True) -> str:
     """The last line of a run: why it stopped, how far it got (in all, over any resumes), and where
     the policy to use is."""
+    why_none = "no evaluation succeeded (the warnings above say why)" if evaluating else "no evaluation (eval.interval=0)"
     best = (f"best eval return {best_eval:.1f}: {checkpoints / 'best.pt'}" if best_eval is not None and (checkpoints / "best.pt").exists()
-            else f"no evaluation (eval.interval=0): {checkpoints / 'last.pt'}")
+            else f"{why_none}: {checkpoints / 'last.pt'}")
     return (f"done: {result.stop_reason}, {result.env_steps:,} env steps, {trained_s:.1f} s of training "
             f"({wall_s:.1f} s wall time of this command); {best}")
 

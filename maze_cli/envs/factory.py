@@ -160,11 +160,6 @@ class EnvFactory(EnvSource):
         """The run's `selfplay` settings (set from the top-level `selfplay` keys by `for_policy`)."""
         return self.config.get("selfplay")
 
-    def game(self) -> Any:
-        if not self.turn_based:
-            raise EnvConfigError(f"env._target_={self.config.get('_target_')}: not a turn-based game")
-        return self._build()
-
     @cached_property
     def turn_based(self) -> bool:
         """Whether the env is a turn-based game (`maze_cli.envs.turn_based`), built once per process to find out."""

@@ -59,11 +59,6 @@ class EnvSource(abc.ABC):
         """A fresh multi-agent env as a PettingZoo `ParallelEnv`; only a source with `agents` builds one."""
         raise TypeError(f"{self.describe()} builds single-agent envs, not a multi-agent ParallelEnv")
 
-    def game(self) -> Any:
-        """A fresh turn-based game as its PettingZoo AEC env (what evaluation plays fixed opponents on);
-        only a source with `turn_based` builds one."""
-        raise TypeError(f"{self.describe()} is not a turn-based game")
-
     def action_mask_key(self, observation_space: gym.Space, action_space: gym.Space) -> str | None:
         """The observation key that holds the action mask (`maze_cli.envs.action_mask`): PettingZoo's
         `action_mask` where the observations have it, else none."""

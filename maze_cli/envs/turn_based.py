@@ -166,38 +166,48 @@ def lookahead_move(env: Any, agent: str, rng: np.random.Generator) -> int:
 OPPONENT_MOVES: dict[str, Callable[[Any, str, np.random.Generator], int]] = {"random": random_move, "lookahead": lookahead_move}
 
 
+def _turns(env: Any) -> TurnBasedParallel:
+    """The `TurnBasedParallel` inside a parallel env's wrappers (agent_id, policy groups)."""
+    while not isinstance(env, TurnBasedParallel):
+        env = env.env
+    return env
+
+
 def play_against(make_env: Callable[[], Any], policy: torch.nn.Module, opponent: str, seeds: list[int], device: str | torch.device = "cpu",
                  deterministic: bool = True) -> dict[str, float]:
-    """One game per seed between `policy` and a fixed opponent, the policy in seat `i % n_seats` of game `i`;
-    returns its win, draw and loss rates and mean return (its reward summed over the game)."""
+    """One game per seed between `policy` and a fixed opponent, the policy in seat `i % n_seats` of game `i`.
+    `make_env` builds the game as the policy sees it (the run's parallel env, its wrappers included); the
+    opponent moves on the game itself. Returns the policy's win, draw and loss rates and mean return (its
+    reward summed over the game)."""
     from maze_cli.envs.spaces import ObservationWriter, observation_specs
 
     move_of = OPPONENT_MOVES[opponent]
     outcomes, returns = [], []
     for i, seed in enumerate(seeds):
-        game = TurnBasedParallel(make_env())
-        writer = ObservationWriter(game.observation_space(game.possible_agents[0]))
-        specs = observation_specs(game.observation_space(game.possible_agents[0]))
+        parallel = make_env()
+        turns = _turns(parallel)
+        game, agents = turns.env, list(parallel.possible_agents)
+        space = parallel.observation_space(agents[0])
+        writer, specs = ObservationWriter(space), observation_specs(space)
         rng = np.random.default_rng(seed)
-        seat = game.possible_agents[i % len(game.possible_agents)]
-        game.reset(seed=seed)
-        env, total, state, start = game.env, 0.0, tuple(s.to(device) for s in policy.initial_state(1)), True
-        while env.agents:
-            agent = env.agent_selection
-            if env.terminations[agent] or env.truncations[agent]:
-                env.step(None)
-            elif agent == seat:
+        seat = agents[i % len(agents)]
+        observations, _ = parallel.reset(seed=seed)
+        total, state, start = 0.0, tuple(s.to(device) for s in policy.initial_state(1)), True
+        while parallel.agents:
+            mover = game.agent_selection
+            if mover == seat:
                 obs = {k: torch.zeros((1,) + s.shape, dtype=s.dtype) for k, s in specs.items()}
-                writer.write([game.observe(agent)], obs)
+                writer.write([observations[seat]], obs)
                 starts = torch.full((1,), start, dtype=torch.bool, device=device)
                 with torch.no_grad():
                     action, _, state = policy.act({k: v.to(device) for k, v in obs.items()}, state, starts, deterministic=deterministic)
-                start = False
-                env.step(int(action[0]))
+                start, move = False, int(action[0])
             else:
-                env.step(move_of(env, agent, rng))
-            total += float(env.rewards.get(seat, 0.0))
-        game.close()
+                move = move_of(game, mover, rng)
+            actions = {a: (move if a == mover else turns.n_moves) for a in parallel.agents}
+            observations, rewards, _, _, _ = parallel.step(actions)
+            total += float(rewards.get(seat, 0.0))
+        parallel.close()
         returns.append(total)
         outcomes.append(np.sign(total))
     outcomes = np.asarray(outcomes)
