@@ -134,7 +134,6 @@ class Evaluator:
             **epoch_means(episode_info.take(), "eval"),
         }
 
-
     def _against_opponents(self, policy: nn.Module) -> dict[str, float]:
         """A turn-based game: the policy against each fixed opponent (`maze_cli.envs.turn_based`), one game per
         eval seed, half in each seat; `eval/return_mean` is its mean return over all of them (win 1, loss -1)."""

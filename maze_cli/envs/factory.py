@@ -157,7 +157,7 @@ class EnvFactory(EnvSource):
 
     @property
     def selfplay(self) -> Mapping[str, Any] | None:
-        """The run's `selfplay` settings (set from the top-level `selfplay` keys by `for_policy`)."""
+        """The run's `selfplay` settings (set from the top-level `selfplay` keys by `with_selfplay`)."""
         return self.config.get("selfplay")
 
     @cached_property

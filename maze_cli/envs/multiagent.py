@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from maze_cli.envs.batch_step import BatchStep
+from maze_cli.envs.parallel_wrapper import ParallelObservationWrapper
 from maze_cli.envs.policy_groups import group_return_key
 from maze_cli.envs.spaces import ObservationWriter, actions_to_env, observation_specs
 from maze_cli.errors import ConfigError
@@ -85,14 +86,13 @@ def agent_spaces(env: Any, what: str) -> tuple[gym.Space, gym.Space]:
 AGENT_ID_KEY = "agent_id"
 
 
-class AgentIdObservation:
+class AgentIdObservation(ParallelObservationWrapper):
     """A `ParallelEnv` whose agents' observations also hold their agent's index, one-hot, under
     `agent_id` (`env.agent_id=true`): the shared policy can then act differently per agent. A Dict
     observation gets the key beside its own; any other becomes `{obs: ..., agent_id: ...}`."""
 
     def __init__(self, env: Any):
-        self.env = env
-        self.possible_agents = list(env.possible_agents)
+        super().__init__(env)
         n = len(self.possible_agents)
         self._one_hot = {a: np.eye(n, dtype=np.float32)[i] for i, a in enumerate(self.possible_agents)}
         self._spaces = {a: self._space(env.observation_space(a), n) for a in self.possible_agents}
@@ -104,32 +104,11 @@ class AgentIdObservation:
             raise ConfigError(f"env.agent_id=true: the observation already has a key {AGENT_ID_KEY}; leave env.agent_id out")
         return gym.spaces.Dict({**own, AGENT_ID_KEY: gym.spaces.Box(0.0, 1.0, (n,), np.float32)})
 
-    @property
-    def agents(self) -> list[str]:
-        return self.env.agents
-
     def observation_space(self, agent: str) -> gym.spaces.Dict:
         return self._spaces[agent]
 
-    def action_space(self, agent: str) -> gym.Space:
-        return self.env.action_space(agent)
-
-    def _with_id(self, observations: dict[str, Any]) -> dict[str, Any]:
+    def observe(self, observations: dict[str, Any]) -> dict[str, Any]:
         return {a: {**(o if isinstance(o, dict) else {"obs": o}), AGENT_ID_KEY: self._one_hot[a]} for a, o in observations.items()}
-
-    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
-        observations, infos = self.env.reset(seed=seed, options=options)
-        return self._with_id(observations), infos
-
-    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
-        observations, *rest = self.env.step(actions)
-        return (self._with_id(observations), *rest)
-
-    def render(self) -> Any:
-        return self.env.render()
-
-    def close(self) -> None:
-        self.env.close()
 
 
 class MultiAgentBatch:

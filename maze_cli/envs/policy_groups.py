@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 import gymnasium as gym
 import numpy as np
 
+from maze_cli.envs.parallel_wrapper import ParallelObservationWrapper
 from maze_cli.envs.spaces import describe_space
 from maze_cli.errors import EnvConfigError
 
@@ -108,13 +109,12 @@ def _blank(space: gym.Space) -> Any:
     return np.zeros(space.shape, dtype=space.dtype)
 
 
-class PolicyGroupObservation:
+class PolicyGroupObservation(ParallelObservationWrapper):
     """A `ParallelEnv` whose agents all see the observation layout of `maze_cli.envs.policy_groups`
     and act in one action space; actions go back to the env in each agent's own space."""
 
     def __init__(self, env: Any, spec: Any):
-        self.env = env
-        self.possible_agents = list(env.possible_agents)
+        super().__init__(env)
         self.agent_groups = assign_groups(spec, self.possible_agents)
         self.group_spaces = group_spaces(env, self.agent_groups)
         self.groups = list(self.group_spaces)
@@ -127,35 +127,18 @@ class PolicyGroupObservation:
         padded = self._action_space not in [a for _, a in self.group_spaces.values()]
         self._start = {a: int(self.group_spaces[g][1].start) for a, g in self.agent_groups.items()} if padded else {}
 
-    @property
-    def agents(self) -> list[str]:
-        return self.env.agents
-
     def observation_space(self, agent: str) -> gym.spaces.Dict:
         return self._observation_space
 
     def action_space(self, agent: str) -> gym.Space:
         return self._action_space
 
-    def _grouped(self, observations: dict[str, Any]) -> dict[str, Any]:
+    def observe(self, observations: dict[str, Any]) -> dict[str, Any]:
         out = {}
         for agent, obs in observations.items():
             group = self.agent_groups[agent]
             out[agent] = {GROUP_KEY: self._index[group], **self._blank, group: obs}
         return out
 
-    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
-        observations, infos = self.env.reset(seed=seed, options=options)
-        return self._grouped(observations), infos
-
-    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
-        if self._start:
-            actions = {a: int(x) + self._start[a] for a, x in actions.items()}
-        observations, *rest = self.env.step(actions)
-        return (self._grouped(observations), *rest)
-
-    def render(self) -> Any:
-        return self.env.render()
-
-    def close(self) -> None:
-        self.env.close()
+    def act(self, actions: dict[str, Any]) -> dict[str, Any]:
+        return {a: int(x) + self._start[a] for a, x in actions.items()} if self._start else actions
