@@ -67,6 +67,15 @@ class VectorizedEnvTarget(Protocol):
 
 
 @dataclass(frozen=True)
+class MultiAgentProbe:
+    """What one build of a multi-agent env tells a run before its actors start."""
+
+    agents: tuple[str, ...]
+    turn_based: bool
+    group_spaces: dict[str, tuple[gym.Space, gym.Space]] | None
+
+
+@dataclass(frozen=True)
 class EnvFactory(EnvSource):
     """A picklable factory: `EnvFactory(config)()` returns a fresh gymnasium.Env, and the `EnvSource`
     every part of a run reads its envs from.
@@ -152,6 +161,10 @@ class EnvFactory(EnvSource):
         env = self._build()
         if not is_multiagent(env):
             raise EnvConfigError(f"env._target_={self.config.get('_target_')}: not a PettingZoo env")
+        return self._wrap_parallel(env)
+
+    def _wrap_parallel(self, env: Any) -> Any:
+        """A built PettingZoo env as the run steps it: parallel, with the agent id and policy groups it asks for."""
         env = AgentIdObservation(as_parallel(env)) if self.config.get("agent_id") else as_parallel(env)
         return env if self.config.get("policy_groups") is None else PolicyGroupObservation(env, self.config["policy_groups"])
 
@@ -160,35 +173,26 @@ class EnvFactory(EnvSource):
         """The run's `selfplay` settings (set from the top-level `selfplay` keys by `with_selfplay`)."""
         return self.config.get("selfplay")
 
-    @cached_property
+    @property
     def turn_based(self) -> bool:
-        """Whether the env is a turn-based game (`maze_cli.envs.turn_based`), built once per process to find out."""
-        if self.agents is None:
-            return False
-        from maze_cli.envs.turn_based import is_turn_based
+        """Whether the env is a turn-based game (`maze_cli.envs.turn_based`)."""
+        return self._probe is not None and self._probe.turn_based
 
-        env = self._build()
-        try:
-            return is_turn_based(env)
-        finally:
-            env.close()
-
-    @cached_property
+    @property
     def policy_groups(self) -> dict[str, tuple[gym.Space, gym.Space]] | None:
-        """Each group's observation and action space under `env.policy_groups` (built once per
-        process to find out); None where the agents share one policy."""
-        if self.config.get("policy_groups") is None or self.agents is None:
-            return None
-        env = self.parallel_env()
-        try:
-            return dict(env.group_spaces)
-        finally:
-            env.close()
+        """Each group's observation and action space under `env.policy_groups`; None where the agents share
+        one policy."""
+        return None if self._probe is None else self._probe.group_spaces
+
+    @property
+    def agents(self) -> tuple[str, ...] | None:
+        """The possible agents of a multi-agent (PettingZoo) env, None for a single-agent one."""
+        return None if self._probe is None else self._probe.agents
 
     @cached_property
-    def agents(self) -> tuple[str, ...] | None:
-        """The possible agents of a multi-agent (PettingZoo) env, None for a single-agent one. An env by
-        id is a gymnasium env; a `_target_` is built once (per process) to find out."""
+    def _probe(self) -> "MultiAgentProbe | None":
+        """What a multi-agent env is (its agents, whether it is turn-based, its policy groups' spaces), from
+        one env built in this process; None for a single-agent env (an env by id is a gymnasium env)."""
         if self.config.get("_target_") is None or self._builds_a_gym_env():
             self._single_agent_keys()
             return None
@@ -201,7 +205,11 @@ class EnvFactory(EnvSource):
                 if self.config.get(key):
                     raise EnvConfigError(f"env.{key}: not supported for a multi-agent (PettingZoo) env; wrap it with "
                                          f"PettingZoo's or SuperSuit's wrappers inside its _target_")
-            return tuple(as_parallel(env).possible_agents)
+            from maze_cli.envs.turn_based import is_turn_based
+
+            turn_based, parallel = is_turn_based(env), self._wrap_parallel(env)
+            group_spaces = dict(parallel.group_spaces) if self.config.get("policy_groups") is not None else None
+            return MultiAgentProbe(tuple(parallel.possible_agents), turn_based, group_spaces)
         finally:
             env.close()
 
