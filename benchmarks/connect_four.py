@@ -5,7 +5,8 @@ lookahead player within a wall-clock budget, every seed.
     python benchmarks/connect_four.py --seeds 1 --minutes 10 --overrides algorithm=ppo selfplay.pool_size=8
     python benchmarks/connect_four.py --report-only --out /tmp/table.md
 
-The rule: `max_time_s` of training (evaluations included), `eval.episodes` games against each opponent per
+`+env=connect_four` takes the settings of every turn-based game (PPO, tuning/board_game_ppo.yaml); each
+entry names the algorithm that ran. The rule: `max_time_s` of training (evaluations included), `eval.episodes` games against each opponent per
 evaluation, half in each seat; a run's figure is its last evaluation, and its best is given beside it.
 Every run (every evaluation) is appended to benchmarks/results/connect_four.jsonl.
 """
@@ -16,6 +17,8 @@ import argparse
 import json
 import tempfile
 from pathlib import Path
+
+import yaml
 
 from machine import machine_line
 from runs import publish, run_train
@@ -31,7 +34,8 @@ def one_run(seed: int, minutes: float, overrides: list[str], workdir: Path) -> d
     evaluations = [{"env_steps": r["env_steps"], "time_s": r["time_s"],
                     **{f"{rate}/{o}": r[f"eval/{rate}_rate/{o}"] for o in OPPONENTS for rate in ("win", "draw", "loss")}}
                    for r in run.rows if f"eval/win_rate/{OPPONENTS[0]}" in r]
-    return {"seed": seed, "minutes": minutes, "overrides": overrides, "evaluations": evaluations,
+    algorithm = yaml.safe_load((run.run_dir / "config.yaml").read_text())["algorithm"]["_target_"].rsplit(".", 1)[-1].lower()
+    return {"seed": seed, "minutes": minutes, "algorithm": algorithm, "overrides": overrides, "evaluations": evaluations,
             "wall_s": round(run.wall_s, 1), "machine": machine_line()}
 
 
@@ -40,7 +44,8 @@ def report(entries: list[dict]) -> list[str]:
              "|---|---:|---|---|---|---|---|---|"]
     groups: dict[tuple[str, float], list[dict]] = {}
     for entry in entries:
-        groups.setdefault((" ".join(entry["overrides"]) or "defaults", entry["minutes"]), []).append(entry)
+        settings = f"{entry['algorithm']} {' '.join(entry['overrides']) or 'defaults'}"
+        groups.setdefault((settings, entry["minutes"]), []).append(entry)
     for (settings, minutes), runs in groups.items():
         runs.sort(key=lambda e: e["seed"])
         for o in OPPONENTS:

@@ -159,10 +159,11 @@ def test_a_pool_on_a_game_that_is_not_turn_based_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_self_play_learns_connect_four_well_enough_to_beat_random_play(tmp_path):
-    """IMPALA's defaults, self-play alone: within 400k seat steps the greedy policy beats a random player in
-    most games (a random policy wins about half) and the evaluation's return rises above random play's 0."""
+    """The defaults of turn-based games (PPO, tuning/board_game_ppo.yaml), self-play alone: within 400k seat
+    steps the greedy policy beats a random player in most games (a random policy wins about half)."""
     run_dir = tmp_path / "run"
     result = run_train("+env=connect_four", "runner=sequential", "max_env_steps=400000", "seed=1", run_dir=run_dir, timeout=600)
     assert result.returncode == 0, result.stderr
     rows = read_stats(run_dir)
-    assert max(r["eval/win_rate/random"] for r in rows[-2:]) >= 0.8, [r["eval/win_rate/random"] for r in rows]
+    rates = [r["eval/win_rate/random"] for r in rows if "eval/win_rate/random" in r]
+    assert rates[-1] >= 0.8, rates

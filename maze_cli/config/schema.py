@@ -476,7 +476,8 @@ def validate(cfg: DictConfig, env_options: list[str]) -> Settings:
     try:
         env = OmegaConf.to_container(cfg.env, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as err:
-        raise ConfigError(f"env.{err.key}: a value is required (e.g. +env=gym env.id=Acrobot-v1)") from None
+        example = "env._target_=pettingzoo.classic.tictactoe_v3.env" if err.key == "_target_" else "+env=gym env.id=Acrobot-v1"
+        raise ConfigError(f"env.{err.key}: a value is required (e.g. {example})") from None
     if not isinstance(env, dict):
         raise ConfigError(f"env: expected a mapping of env settings, got {env!r}")
     groups = {section: validate_group(section, cfg[section]) for section in SCHEMAS}

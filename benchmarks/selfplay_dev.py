@@ -1,0 +1,71 @@
+"""Settings for turn-based games, chosen on a development game (tic-tac-toe) before Connect Four is run:
+each setting trains by self-play for the same number of seat steps, and its greedy policy plays 100 games
+against each fixed player (random, one-step lookahead) every 200k seat steps.
+
+    python benchmarks/selfplay_dev.py --seeds 1 --settings "algorithm=impala" "algorithm.entropy_coef=0.05"
+    python benchmarks/selfplay_dev.py --report-only --out /tmp/table.md
+
+A setting is a list of train overrides on top of `+env=board_game` with tic-tac-toe (so the family's
+defaults apply unless it names `algorithm=...`). The figure of a run is its last evaluation; every
+evaluation is appended to benchmarks/results/selfplay_dev.jsonl. For scale: a minimax player (random
+among its best moves) wins 0.87 of its games against random play and 0.46 against the lookahead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from machine import machine_line
+from runs import publish, run_train
+
+RESULTS = Path(__file__).parent / "results" / "selfplay_dev.jsonl"
+GAME = ["+env=board_game", "env._target_=pettingzoo.classic.tictactoe_v3.env", "eval.episodes=100", "eval.interval_env_steps=200000"]
+OPPONENTS = ("random", "lookahead")
+
+
+def one_run(settings: list[str], seed: int, seat_steps: int, workdir: Path) -> dict:
+    run = run_train([*GAME, f"max_env_steps={seat_steps}", f"seed={seed}", *settings], workdir / f"run-{seed}", timeout_s=3600)
+    evaluations = [{"env_steps": r["env_steps"], "time_s": r["time_s"],
+                    **{f"{rate}/{o}": r[f"eval/{rate}_rate/{o}"] for o in OPPONENTS for rate in ("win", "draw", "loss")}}
+                   for r in run.rows if f"eval/win_rate/{OPPONENTS[0]}" in r]
+    return {"settings": " ".join(settings) or "board_game defaults", "seed": seed, "seat_steps": seat_steps,
+            "wall_s": round(run.wall_s, 1), "evaluations": evaluations, "machine": machine_line()}
+
+
+def report(entries: list[dict]) -> list[str]:
+    lines = ["| settings | seat steps | seed | random: win / draw / loss | lookahead: win / draw / loss | lookahead wins, every evaluation |",
+             "|---|---:|---:|---|---|---|"]
+    for e in entries:
+        last = e["evaluations"][-1]
+        rates = [" / ".join(f"{last[f'{r}/{o}']:.2f}" for r in ("win", "draw", "loss")) for o in OPPONENTS]
+        every = ", ".join(f"{x['win/lookahead']:.2f}" for x in e["evaluations"])
+        lines.append(f"| {e['settings']} | {e['seat_steps']:,} | {e['seed']} | {rates[0]} | {rates[1]} | {every} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--settings", nargs="+", default=[""], help="each a space-separated list of train overrides")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--seat-steps", type=int, default=1_000_000)
+    parser.add_argument("--out", type=Path, help="also write the Markdown report here")
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args()
+    if not args.report_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            for settings in args.settings:
+                for seed in args.seeds:
+                    entry = one_run(settings.split(), seed, args.seat_steps, Path(tmp))
+                    RESULTS.parent.mkdir(exist_ok=True)
+                    with RESULTS.open("a") as f:
+                        f.write(json.dumps(entry) + "\n")
+                    print(report([entry])[-1], flush=True)
+    entries = [json.loads(line) for line in RESULTS.read_text().splitlines()]
+    publish([f"Machine: {entries[-1]['machine']}", ""] + report(entries), args.out)
+
+
+if __name__ == "__main__":
+    main()
