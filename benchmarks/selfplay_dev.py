@@ -56,9 +56,9 @@ def main() -> None:
     args = parser.parse_args()
     if not args.report_only:
         with tempfile.TemporaryDirectory() as tmp:
-            for settings in args.settings:
+            for index, settings in enumerate(args.settings):
                 for seed in args.seeds:
-                    entry = one_run(settings.split(), seed, args.seat_steps, Path(tmp))
+                    entry = one_run(settings.split(), seed, args.seat_steps, Path(tmp) / str(index))
                     RESULTS.parent.mkdir(exist_ok=True)
                     with RESULTS.open("a") as f:
                         f.write(json.dumps(entry) + "\n")

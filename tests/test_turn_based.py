@@ -108,12 +108,13 @@ def test_a_self_play_run_reports_win_draw_and_loss_rates_per_opponent(tmp_path, 
     assert last["env/team_return"] == 0.0  # self-play: the seats' returns cancel
 
 
-def _preferring(policy, lowest: bool) -> dict:
-    """The weights of `policy` with its head set to prefer the lowest (or highest) legal move, by far."""
+def _preferring(policy, lowest: bool, by: float = 20.0) -> dict:
+    """The weights of `policy` with its head set to prefer the lowest (or highest) legal move, by far (or by
+    `by` nats a square)."""
     state = {k: v.clone() for k, v in policy.state_dict().items()}
     n = state["policy_head.bias"].numel()
     state["policy_head.weight"].zero_()
-    state["policy_head.bias"].copy_(torch.arange(n, dtype=torch.float32) * (-20.0 if lowest else 20.0))
+    state["policy_head.bias"].copy_(torch.arange(n, dtype=torch.float32) * (-by if lowest else by))
     return state
 
 
@@ -150,11 +151,55 @@ def test_a_pool_version_plays_one_seat_of_each_game_and_those_rows_are_not_learn
     assert pooled_moves >= 10 and own_moves >= 10
 
 
-def test_a_pool_on_a_game_that_is_not_turn_based_is_one_line(tmp_path):
-    result = run_train("+env=cartpole", "selfplay.pool_size=4", run_dir=tmp_path / "run")
+def test_a_greedy_pool_plays_its_most_likely_move_where_sampling_would_not():
+    """selfplay.pool_greedy: the pool's version prefers low squares only mildly (0.3 nats a square), so sampled
+    its moves spread over the board; greedy, every one of them is the lowest legal square."""
+    lowest_share = {}
+    for greedy in (False, True):
+        factory = EnvFactory({"_target_": "pettingzoo.classic.tictactoe_v3.env"}).with_selfplay(
+            {"pool_size": 1, "pool_share": 1.0, "snapshot_every": 1000, "pool_greedy": greedy})
+        observation_space, action_space = factory.check()
+        policy = ActorCritic(observation_space, action_space, mlp_network((8,)), action_mask_key="action_mask")
+        with SequentialDistributedActors(factory, policy, 10, 1, 1, envs_per_actor=8) as actors:
+            actors.broadcast_updated_policy(_preferring(policy, lowest=True, by=0.3))  # the pool's version
+            actors.broadcast_updated_policy(_preferring(policy, lowest=False))
+            batches = [actors.collect_outputs("cpu")[0] for _ in range(4)]
+        lowest = []
+        for batch in batches[1:]:
+            masks = batch.observations["action_mask"][:-1]
+            for t, r in zip(*np.nonzero(batch.autoreset.numpy())):
+                legal = np.flatnonzero(masks[t, r, :PASS].numpy())
+                if len(legal) > 1:
+                    lowest.append(int(batch.actions[t, r]) == legal.min())
+        assert len(lowest) >= 10
+        lowest_share[greedy] = float(np.mean(lowest))
+    assert lowest_share[True] == 1.0 and lowest_share[False] < 0.8, lowest_share
+
+
+def test_random_openings_start_training_games_off_the_empty_board_and_leave_evaluation_alone():
+    """selfplay.opening_moves=4: an actor's games begin after 0 to 4 random legal moves, each count about as
+    often, the same for the same seed; evaluation's games (parallel_env) begin on the empty board."""
+    factory = EnvFactory({"_target_": "pettingzoo.classic.tictactoe_v3.env"}).with_selfplay({"pool_size": 0, "opening_moves": 4})
+
+    def pieces_at_start(seed: int) -> list[int]:
+        env = factory.training_parallel_env()
+        counts = [int(env.reset(seed=seed)[0]["player_1"]["observation"].sum())]
+        counts += [int(env.reset()[0]["player_1"]["observation"].sum()) for _ in range(249)]
+        return counts
+
+    counts = pieces_at_start(seed=5)
+    assert counts == pieces_at_start(seed=5) and counts != pieces_at_start(seed=6)
+    assert set(counts) == {0, 1, 2, 3, 4} and min(np.bincount(counts)) >= 30, np.bincount(counts)
+    evaluation = factory.parallel_env()
+    assert all(int(evaluation.reset(seed=s)[0]["player_1"]["observation"].sum()) == 0 for s in range(20))
+
+
+@pytest.mark.parametrize("key", ["pool_size", "opening_moves"])
+def test_a_pool_or_openings_on_a_game_that_is_not_turn_based_is_one_line(tmp_path, key):
+    result = run_train("+env=cartpole", f"selfplay.{key}=4", run_dir=tmp_path / "run")
     assert result.returncode == 2
-    assert result.stderr.strip() == ("train: error: selfplay.pool_size=4: CartPole-v1 is not a turn-based game (a PettingZoo "
-                                     "AEC env whose agents take turns); leave selfplay.pool_size at 0")
+    assert result.stderr.strip() == (f"train: error: selfplay.{key}=4: CartPole-v1 is not a turn-based game (a PettingZoo "
+                                     f"AEC env whose agents take turns); leave selfplay.{key} at 0")
 
 
 @pytest.mark.slow

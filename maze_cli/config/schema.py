@@ -112,6 +112,12 @@ class SelfPlayConfig:
     pool_size: int = _f(0, ge=0)
     pool_share: float = _f(0.5, ge=0, le=1)  # share of games in which the pool plays one seat (once it holds a version)
     snapshot_every: int = _f(20, ge=1)  # policy versions between two snapshots into the pool
+    # the pool's versions play their most likely move (true) or sample as in training (false): a greedy
+    # opponent takes every win it sees, so blunders cost the learning seats every time
+    pool_greedy: bool = False
+    # training games begin after a number of random legal moves drawn from 0..opening_moves (evaluation's at the
+    # start): positions off self-play's own lines, where it learns to take the wins and block the threats it meets
+    opening_moves: int = _f(0, ge=0)
 
 
 @dataclass

@@ -143,6 +143,6 @@ def make_env_batch(env_factory: EnvSource | Callable[[], gym.Env], n_envs: int,
     multi-agent env, one row per agent (`maze_cli.envs.multiagent`)."""
     source = as_env_source(env_factory)
     if source.agents:
-        return MultiAgentBatch(source.parallel_env, n_envs, f"env._target_={source.describe()}")
+        return MultiAgentBatch(source.training_parallel_env, n_envs, f"env._target_={source.describe()}")
     vector_env = source.vector_env(n_envs)
     return VectorEnvBatch(vector_env, info_keys) if vector_env is not None else EnvList(source, n_envs, info_keys)

@@ -163,6 +163,17 @@ class EnvFactory(EnvSource):
             raise EnvConfigError(f"env._target_={self.config.get('_target_')}: not a PettingZoo env")
         return self._wrap_parallel(env)
 
+    def training_parallel_env(self) -> Any:
+        """The env the actors step: `parallel_env`, whose games (a turn-based one's, under
+        `selfplay.opening_moves`) begin after random moves; evaluation's always begin at the start."""
+        env = self.parallel_env()
+        opening = (self.selfplay or {}).get("opening_moves", 0)
+        if opening and self.turn_based:
+            from maze_cli.envs.turn_based import turns_of
+
+            turns_of(env).opening_moves = opening
+        return env
+
     def _wrap_parallel(self, env: Any) -> Any:
         """A built PettingZoo env as the run steps it: parallel, with the agent id and policy groups it asks for."""
         env = AgentIdObservation(as_parallel(env)) if self.config.get("agent_id") else as_parallel(env)
@@ -244,12 +255,14 @@ class EnvFactory(EnvSource):
 
     def with_selfplay(self, selfplay: Mapping[str, Any]) -> "EnvFactory":
         """This factory carrying the run's `selfplay` settings to the actors (`maze_cli.parallel.selfplay`):
-        a pool of earlier versions where `pool_size` > 0, which only a turn-based game takes (one line otherwise)."""
-        if not selfplay.get("pool_size"):
+        a pool of earlier versions where `pool_size` > 0 and random openings where `opening_moves` > 0, which only
+        a turn-based game takes (one line otherwise)."""
+        asked = [key for key in ("pool_size", "opening_moves") if selfplay.get(key)]
+        if not asked:
             return self
         if not self.turn_based:
-            raise EnvConfigError(f"selfplay.pool_size={selfplay['pool_size']}: {self.describe()} is not a turn-based game "
-                                 f"(a PettingZoo AEC env whose agents take turns); leave selfplay.pool_size at 0")
+            raise EnvConfigError(f"selfplay.{asked[0]}={selfplay[asked[0]]}: {self.describe()} is not a turn-based game "
+                                 f"(a PettingZoo AEC env whose agents take turns); leave selfplay.{asked[0]} at 0")
         return type(self)({**self.config, "selfplay": dict(selfplay)})
 
     def _register(self) -> None:

@@ -59,6 +59,10 @@ class EnvSource(abc.ABC):
         """A fresh multi-agent env as a PettingZoo `ParallelEnv`; only a source with `agents` builds one."""
         raise TypeError(f"{self.describe()} builds single-agent envs, not a multi-agent ParallelEnv")
 
+    def training_parallel_env(self) -> Any:
+        """The multi-agent env the actors step (evaluation steps `parallel_env`'s); the same here."""
+        return self.parallel_env()
+
     def action_mask_key(self, observation_space: gym.Space, action_space: gym.Space) -> str | None:
         """The observation key that holds the action mask (`maze_cli.envs.action_mask`): PettingZoo's
         `action_mask` where the observations have it, else none."""

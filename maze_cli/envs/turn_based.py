@@ -63,6 +63,10 @@ class TurnBasedParallel:
         keys = {k: s for k, s in own.spaces.items() if k != MASK_KEY} if isinstance(own, gym.spaces.Dict) else {"observation": own}
         self._observation_space = gym.spaces.Dict({**keys, MASK_KEY: gym.spaces.Box(0, 1, (self.n_moves + 1,), np.int8)})
         self._pass_only = np.eye(self.n_moves + 1, dtype=np.int8)[-1]
+        # games begin after a number of random legal moves drawn from 0..opening_moves (actors' envs under
+        # selfplay.opening_moves): positions off self-play's own lines, to learn wins and blocks from
+        self.opening_moves = 0
+        self._opening_rng = np.random.default_rng(0)
 
     def observation_space(self, agent: str) -> gym.spaces.Dict:
         return self._observation_space
@@ -89,10 +93,24 @@ class TurnBasedParallel:
                 rewards[agent] = rewards.get(agent, 0.0) + float(reward)
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        if seed is not None:
+            self._opening_rng = np.random.default_rng(seed)
         self.env.reset(seed=seed, options=options)
         self._skip_finished({})
+        if self.opening_moves:
+            self._play_opening()
         self.agents = list(self.env.agents)
         return {a: self.observe(a) for a in self.agents}, {a: {} for a in self.agents}
+
+    def _play_opening(self) -> None:
+        """Random legal moves from the start, 0..opening_moves of them; a game they end starts over."""
+        rng, env = self._opening_rng, self.env
+        for _ in range(int(rng.integers(self.opening_moves + 1))):
+            env.step(random_move(env, env.agent_selection, rng))
+            if not env.agents or any(env.terminations.values()) or any(env.truncations.values()):
+                env.reset(seed=int(rng.integers(2**31)))
+                self._skip_finished({})
+                return
 
     def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
         env = self.env
@@ -166,7 +184,7 @@ def lookahead_move(env: Any, agent: str, rng: np.random.Generator) -> int:
 OPPONENT_MOVES: dict[str, Callable[[Any, str, np.random.Generator], int]] = {"random": random_move, "lookahead": lookahead_move}
 
 
-def _turns(env: Any) -> TurnBasedParallel:
+def turns_of(env: Any) -> TurnBasedParallel:
     """The `TurnBasedParallel` inside a parallel env's wrappers (agent_id, policy groups)."""
     while not isinstance(env, TurnBasedParallel):
         env = env.env
@@ -185,7 +203,7 @@ def play_against(make_env: Callable[[], Any], policy: torch.nn.Module, opponent:
     outcomes, returns = [], []
     for i, seed in enumerate(seeds):
         parallel = make_env()
-        turns = _turns(parallel)
+        turns = turns_of(parallel)
         game, agents = turns.env, list(parallel.possible_agents)
         space = parallel.observation_space(agents[0])
         writer, specs = ObservationWriter(space), observation_specs(space)

@@ -76,7 +76,7 @@ class Actor:
         selfplay = pool_settings(source)  # a turn-based game's pool of earlier versions (maze_cli.parallel.selfplay)
         self.pool = None if selfplay is None else OpponentPool(
             self.policy, n_envs, len(source.agents), selfplay["pool_size"], selfplay["pool_share"], selfplay["snapshot_every"],
-            derive_seed(agent_seed, "selfplay"))
+            derive_seed(agent_seed, "selfplay"), bool(selfplay.get("pool_greedy", False)))
         self._rng_state = torch.Generator().manual_seed(agent_seed).get_state()
         self.current_obs = {
             k: torch.zeros((n_envs,) + s.shape, dtype=s.dtype) for k, s in observation_specs(self.envs.observation_space).items()

@@ -26,10 +26,10 @@ class OpponentPool:
     seats in rows `g * n_seats ... g * n_seats + n_seats - 1` (`maze_cli.envs.multiagent.MultiAgentBatch`)."""
 
     def __init__(self, policy: nn.Module, n_rows: int, n_seats: int, pool_size: int, pool_share: float, snapshot_every: int,
-                 seed: int):
+                 seed: int, greedy: bool = False):
         self.opponent = copy.deepcopy(policy).requires_grad_(False)
         self.versions: collections.deque[dict[str, torch.Tensor]] = collections.deque(maxlen=pool_size)
-        self.n_seats, self.share, self.every = n_seats, pool_share, snapshot_every
+        self.n_seats, self.share, self.every, self.greedy = n_seats, pool_share, snapshot_every, greedy
         self.n_games = n_rows // n_seats
         self.rng = np.random.default_rng(seed)
         self.seat_of_pool = np.full(self.n_games, -1)  # per game: the seat the pool plays, -1 for none
@@ -58,7 +58,7 @@ class OpponentPool:
         for game in np.flatnonzero(self.seat_of_pool >= 0):
             self.rows[game * self.n_seats + self.seat_of_pool[game]] = True
         if self.rows.any():
-            theirs, _, self.state = self.opponent.act(observations, self.state, episode_start)
+            theirs, _, self.state = self.opponent.act(observations, self.state, episode_start, deterministic=self.greedy)
             rows = torch.from_numpy(self.rows)
             actions[rows] = theirs[rows].to(actions.dtype)
         return self.rows.copy()
