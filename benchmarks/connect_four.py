@@ -34,8 +34,10 @@ def one_run(seed: int, minutes: float, overrides: list[str], workdir: Path) -> d
     evaluations = [{"env_steps": r["env_steps"], "time_s": r["time_s"],
                     **{f"{rate}/{o}": r[f"eval/{rate}_rate/{o}"] for o in OPPONENTS for rate in ("win", "draw", "loss")}}
                    for r in run.rows if f"eval/win_rate/{OPPONENTS[0]}" in r]
-    algorithm = yaml.safe_load((run.run_dir / "config.yaml").read_text())["algorithm"]["_target_"].rsplit(".", 1)[-1].lower()
-    return {"seed": seed, "minutes": minutes, "algorithm": algorithm, "overrides": overrides, "evaluations": evaluations,
+    config = yaml.safe_load((run.run_dir / "config.yaml").read_text())
+    algorithm = config["algorithm"]["_target_"].rsplit(".", 1)[-1].lower()
+    return {"seed": seed, "minutes": minutes, "algorithm": algorithm, "opening_moves": config["selfplay"].get("opening_moves", 0),
+            "overrides": overrides, "evaluations": evaluations,
             "wall_s": round(run.wall_s, 1), "machine": machine_line()}
 
 
@@ -44,7 +46,8 @@ def report(entries: list[dict]) -> list[str]:
              "|---|---:|---|---|---|---|---|---|"]
     groups: dict[tuple[str, float], list[dict]] = {}
     for entry in entries:
-        settings = f"{entry['algorithm']} {' '.join(entry['overrides']) or 'defaults'}"
+        openings = f" opening_moves={entry['opening_moves']}" if entry.get("opening_moves") else ""
+        settings = f"{entry['algorithm']}{openings} {' '.join(entry['overrides']) or 'defaults'}"
         groups.setdefault((settings, entry["minutes"]), []).append(entry)
     for (settings, minutes), runs in groups.items():
         runs.sort(key=lambda e: e["seed"])
