@@ -168,7 +168,7 @@ class EnvFactory(EnvSource):
         `selfplay.opening_moves`) begin after random moves; evaluation's always begin at the start."""
         env = self.parallel_env()
         opening = (self.selfplay or {}).get("opening_moves", 0)
-        if opening and self.turn_based:
+        if opening:  # with_selfplay took it for a turn-based game only: no second build here to ask
             from maze_cli.envs.turn_based import turns_of
 
             turns_of(env).opening_moves = opening
