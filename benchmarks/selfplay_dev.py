@@ -1,11 +1,13 @@
-"""Settings for turn-based games, chosen on a development game (tic-tac-toe) before Connect Four is run:
-each setting trains by self-play for the same number of seat steps, and its greedy policy plays 100 games
-against each fixed player (random, one-step lookahead) every 200k seat steps.
+"""Settings for turn-based games, chosen on development games (tic-tac-toe; connect-4 on a 5 x 6 board,
+benchmarks/connect_n.py) before Connect Four is run: each setting trains by self-play for the same number of
+seat steps, and its greedy policy plays 100 games against each fixed player (random, one-step lookahead)
+every 200k seat steps (every 500k on connect_n).
 
     python benchmarks/selfplay_dev.py --seeds 1 --settings "algorithm=impala" "algorithm.entropy_coef=0.05"
+    python benchmarks/selfplay_dev.py --game connect_n --seat-steps 3000000 --settings "" "policy=cnn"
     python benchmarks/selfplay_dev.py --report-only --out /tmp/table.md
 
-A setting is a list of train overrides on top of `+env=board_game` with tic-tac-toe (so the family's
+A setting is a list of train overrides on top of `+env=board_game` with the game (so the family's
 defaults apply unless it names `algorithm=...`). The figure of a run is its last evaluation; every
 evaluation is appended to benchmarks/results/selfplay_dev.jsonl. For scale: a minimax player (random
 among its best moves) wins 0.87 of its games against random play and 0.46 against the lookahead.
@@ -22,32 +24,37 @@ from machine import machine_line
 from runs import publish, run_train
 
 RESULTS = Path(__file__).parent / "results" / "selfplay_dev.jsonl"
-GAME = ["+env=board_game", "env._target_=pettingzoo.classic.tictactoe_v3.env", "eval.episodes=100", "eval.interval_env_steps=200000"]
+GAMES = {"tictactoe": ["+env=board_game", "env._target_=pettingzoo.classic.tictactoe_v3.env", "eval.episodes=100",
+                        "eval.interval_env_steps=200000"],
+         "connect_n": ["+env=board_game", "env._target_=connect_n.env", "+env.rows=5", "+env.cols=6", "+env.n=4", "eval.episodes=100",
+                       "eval.interval_env_steps=500000"]}
 OPPONENTS = ("random", "lookahead")
 
 
-def one_run(settings: list[str], seed: int, seat_steps: int, workdir: Path) -> dict:
-    run = run_train([*GAME, f"max_env_steps={seat_steps}", f"seed={seed}", *settings], workdir / f"run-{seed}", timeout_s=3600)
+def one_run(game: str, settings: list[str], seed: int, seat_steps: int, workdir: Path) -> dict:
+    run = run_train([*GAMES[game], f"max_env_steps={seat_steps}", f"seed={seed}", *settings], workdir / f"run-{seed}", timeout_s=3600,
+                    pythonpath=Path(__file__).parent)
     evaluations = [{"env_steps": r["env_steps"], "time_s": r["time_s"],
                     **{f"{rate}/{o}": r[f"eval/{rate}_rate/{o}"] for o in OPPONENTS for rate in ("win", "draw", "loss")}}
                    for r in run.rows if f"eval/win_rate/{OPPONENTS[0]}" in r]
-    return {"settings": " ".join(settings) or "board_game defaults", "seed": seed, "seat_steps": seat_steps,
+    return {"game": game, "settings": " ".join(settings) or "board_game defaults", "seed": seed, "seat_steps": seat_steps,
             "wall_s": round(run.wall_s, 1), "evaluations": evaluations, "machine": machine_line()}
 
 
 def report(entries: list[dict]) -> list[str]:
-    lines = ["| settings | seat steps | seed | random: win / draw / loss | lookahead: win / draw / loss | lookahead wins, every evaluation |",
-             "|---|---:|---:|---|---|---|"]
+    lines = ["| game | settings | seat steps | seed | random: win / draw / loss | lookahead: win / draw / loss | lookahead wins, every evaluation |",
+             "|---|---|---:|---:|---|---|---|"]
     for e in entries:
         last = e["evaluations"][-1]
         rates = [" / ".join(f"{last[f'{r}/{o}']:.2f}" for r in ("win", "draw", "loss")) for o in OPPONENTS]
         every = ", ".join(f"{x['win/lookahead']:.2f}" for x in e["evaluations"])
-        lines.append(f"| {e['settings']} | {e['seat_steps']:,} | {e['seed']} | {rates[0]} | {rates[1]} | {every} |")
+        lines.append(f"| {e.get('game', 'tictactoe')} | {e['settings']} | {e['seat_steps']:,} | {e['seed']} | {rates[0]} | {rates[1]} | {every} |")
     return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--game", choices=sorted(GAMES), default="tictactoe")
     parser.add_argument("--settings", nargs="+", default=[""], help="each a space-separated list of train overrides")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--seat-steps", type=int, default=1_000_000)
@@ -58,7 +65,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for index, settings in enumerate(args.settings):
                 for seed in args.seeds:
-                    entry = one_run(settings.split(), seed, args.seat_steps, Path(tmp) / str(index))
+                    entry = one_run(args.game, settings.split(), seed, args.seat_steps, Path(tmp) / str(index))
                     RESULTS.parent.mkdir(exist_ok=True)
                     with RESULTS.open("a") as f:
                         f.write(json.dumps(entry) + "\n")

@@ -19,7 +19,7 @@ from maze_cli.envs.spaces import _flatten_spaces, observation_specs
 from maze_cli.policies.base import Observations
 from maze_cli.policies.mlp import ObservationEncoder, MlpNetwork, as_float
 
-ENCODERS = ("auto", "impala", "nature", "small")
+ENCODERS = ("auto", "impala", "nature", "small", "board")
 # Input elements of the frames a CPU convolves at once (ImageEncoder._chunk): 256 Atari observations
 # (4 x 84 x 84); the chunk size is measured in benchmarks/LEARNER.md.
 CPU_CHUNK_ELEMENTS = 256 * 4 * 84 * 84
@@ -41,7 +41,9 @@ class _Residual(nn.Module):
 
 def conv_stack(kind: str, in_channels: int) -> nn.Sequential:
     """impala: the residual net of Espeholt et al. 2018 (3 stages of 16, 32, 32 channels);
-    nature: Mnih et al. 2015 (for 84 x 84 frames); small: one 3x3 conv of 16 (MinAtar's baseline)."""
+    nature: Mnih et al. 2015 (for 84 x 84 frames); small: one 3x3 conv of 16 (MinAtar's baseline); board: two
+    3x3 convs of 32 padded to keep a small board's size (a 6 x 7 Connect Four board would shrink to 4 x 5 under
+    `small`, and a line of pieces is the same pattern wherever it lies)."""
     if kind == "impala":
         layers: list[nn.Module] = []
         for out in (16, 32, 32):
@@ -53,6 +55,8 @@ def conv_stack(kind: str, in_channels: int) -> nn.Sequential:
                              nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
     if kind == "small":
         return nn.Sequential(nn.Conv2d(in_channels, 16, 3, stride=1), nn.ReLU(), nn.Flatten())
+    if kind == "board":
+        return nn.Sequential(nn.Conv2d(in_channels, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.Flatten())
     raise ConfigError(f"policy.encoder={kind}: use one of {', '.join(ENCODERS)}")
 
 
@@ -68,8 +72,8 @@ class ImageEncoder(nn.Module):
             self.layout = "hwc" if last else "chw"
             (height, width, channels) = shape if last else (shape[1], shape[2], shape[0])
         self.n_dims = len(shape)
-        if kind == "auto":  # MinAtar-sized boards get MinAtar's own small net; frames the IMPALA net
-            kind = "small" if min(height, width) < 32 else "impala"
+        if kind == "auto":  # game boards keep their size; MinAtar-sized ones get MinAtar's own net; frames the IMPALA net
+            kind = "board" if min(height, width) < 8 else "small" if min(height, width) < 32 else "impala"
         self.convs = conv_stack(kind, channels)
         with torch.no_grad():
             self.out_dim = int(self.convs(torch.zeros(1, channels, height, width)).shape[-1])
@@ -129,8 +133,9 @@ class MixedEncoder(nn.Module):
 class CnnNetwork(MlpNetwork):
     """`policy=cnn`: conv encoders for the images, then `hidden_sizes` layers and the core.
 
-    :param encoder: auto (default: small below 32 pixels a side, else impala), impala (Espeholt et al.
-        2018), nature (Mnih et al. 2015, for 84 x 84 Atari frames) or small (MinAtar's 10 x 10).
+    :param encoder: auto (default: board below 8 squares a side, small below 32 pixels, else impala), impala
+        (Espeholt et al. 2018), nature (Mnih et al. 2015, for 84 x 84 Atari frames), small (MinAtar's 10 x 10)
+        or board (size-keeping convs for game boards such as Connect Four's 6 x 7).
     :param channels_last: force the image layout (null: guessed from the shape).
     """
 
