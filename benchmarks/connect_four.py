@@ -36,7 +36,8 @@ def one_run(seed: int, minutes: float, overrides: list[str], workdir: Path) -> d
                    for r in run.rows if f"eval/win_rate/{OPPONENTS[0]}" in r]
     config = yaml.safe_load((run.run_dir / "config.yaml").read_text())
     algorithm = config["algorithm"]["_target_"].rsplit(".", 1)[-1].lower()
-    return {"seed": seed, "minutes": minutes, "algorithm": algorithm, "opening_moves": config["selfplay"].get("opening_moves", 0),
+    policy = config["policy"]["_target_"].rsplit(".", 1)[-1].removesuffix("Network").lower()
+    return {"seed": seed, "minutes": minutes, "algorithm": algorithm, "policy": policy, "opening_moves": config["selfplay"].get("opening_moves", 0),
             "overrides": overrides, "evaluations": evaluations,
             "wall_s": round(run.wall_s, 1), "machine": machine_line()}
 
@@ -47,7 +48,8 @@ def report(entries: list[dict]) -> list[str]:
     groups: dict[tuple[str, float], list[dict]] = {}
     for entry in entries:
         openings = f" opening_moves={entry['opening_moves']}" if entry.get("opening_moves") else ""
-        settings = f"{entry['algorithm']}{openings} {' '.join(entry['overrides']) or 'defaults'}"
+        policy = f" policy={entry['policy']}" if entry.get("policy") else ""
+        settings = f"{entry['algorithm']}{policy}{openings} {' '.join(entry['overrides']) or 'defaults'}"
         groups.setdefault((settings, entry["minutes"]), []).append(entry)
     for (settings, minutes), runs in groups.items():
         runs.sort(key=lambda e: e["seed"])

@@ -16,7 +16,7 @@ from tests.envs import ImageEnv
 from tests.test_train import read_stats
 
 
-@pytest.mark.parametrize("encoder,shape", [("impala", (10, 10, 4)), ("small", (10, 10, 6)), ("impala", (4, 84, 84)),
+@pytest.mark.parametrize("encoder,shape", [("impala", (10, 10, 4)), ("small", (10, 10, 6)), ("board", (6, 7, 2)), ("impala", (4, 84, 84)),
                                            ("nature", (4, 84, 84)), ("nature", (84, 84, 3)), ("impala", (84, 84))])
 @pytest.mark.parametrize("dtype", [np.uint8, np.bool_, np.float32])
 def test_conv_features_have_the_declared_width_for_every_layout_and_dtype(encoder, shape, dtype):
@@ -26,6 +26,18 @@ def test_conv_features_have_the_declared_width_for_every_layout_and_dtype(encode
     x = torch.from_numpy(np.stack([space.sample() for _ in range(6)])).reshape(3, 2, *shape).to(spec.dtype)
     features, state = net({"obs": x}, (), None)
     assert features.shape == (3, 2, 32) and state == () and torch.isfinite(features).all()
+
+
+@pytest.mark.parametrize("shape,kind", [((6, 7, 2), "board"), ((3, 3, 2), "board"), ((10, 10, 4), "small"), ((4, 84, 84), "impala")])
+def test_auto_keeps_a_game_board_whole_and_leaves_minatar_and_frames_to_their_nets(shape, kind):
+    """A board below 8 squares a side keeps its size through the convs (each square its own features: a 3 x 3
+    board would shrink to one square under MinAtar's unpadded conv); MinAtar's boards and Atari frames keep their nets."""
+    net = CnnNetwork(gym.spaces.Box(0, 1, shape, np.int8), hidden_sizes=[8])
+    encoder = net.encoder.images["obs"]
+    expected = CnnNetwork(gym.spaces.Box(0, 1, shape, np.int8), encoder=kind, hidden_sizes=[8]).encoder.images["obs"]
+    assert encoder.out_dim == expected.out_dim
+    if kind == "board":
+        assert encoder.out_dim == 32 * shape[0] * shape[1]
 
 
 def test_hwc_and_chw_frames_of_the_same_picture_give_the_same_features():
