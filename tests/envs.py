@@ -376,3 +376,21 @@ class UnpicklableEnv(CountingEnv):
         import threading
 
         self.lock = threading.Lock()
+
+
+def flat_tictactoe():
+    """Tic-tac-toe whose observation is a flat vector (18 entries) beside its action mask: a turn-based game
+    whose observations are not a board, as a card game's are not."""
+    from pettingzoo.classic import tictactoe_v3
+    from pettingzoo.utils.wrappers import BaseWrapper
+
+    class FlatObservation(BaseWrapper):
+        def observation_space(self, agent):
+            space = self.env.observation_space(agent)
+            return gym.spaces.Dict({"observation": gym.spaces.Box(0, 1, (18,), np.int8), "action_mask": space["action_mask"]})
+
+        def observe(self, agent):
+            observation = self.env.observe(agent)
+            return {"observation": observation["observation"].reshape(-1), "action_mask": observation["action_mask"]}
+
+    return FlatObservation(tictactoe_v3.env())

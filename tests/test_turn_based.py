@@ -202,9 +202,21 @@ def test_a_pool_or_openings_on_a_game_that_is_not_turn_based_is_one_line(tmp_pat
                                      f"AEC env whose agents take turns); leave selfplay.{key} at 0")
 
 
+def test_a_game_whose_observations_are_not_a_board_is_told_to_take_policy_mlp_and_then_trains(tmp_path):
+    """The family's conv policy needs a board; a flat observation (a card game's) is one line naming the fix."""
+    game = ["+env=board_game", "env._target_=tests.envs.flat_tictactoe", "runner=sequential", "max_env_steps=1000", "eval.episodes=2"]
+    refused = run_train(*game, run_dir=tmp_path / "cnn")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().startswith("train: error: policy=cnn: the observation space Dict(")
+    assert refused.stderr.strip().endswith("has no image (a Box of 3 dims, HWC or CHW, or of 2 dims); use policy=mlp")
+    trained = run_train(*game, "policy=mlp", run_dir=tmp_path / "mlp")
+    assert trained.returncode == 0, trained.stderr
+    assert "eval/win_rate/lookahead" in read_stats(tmp_path / "mlp")[-1]
+
+
 @pytest.mark.slow
 def test_self_play_learns_connect_four_well_enough_to_beat_random_play(tmp_path):
-    """The defaults of turn-based games (PPO, tuning/board_game_ppo.yaml), self-play alone: within 400k seat
+    """The defaults of turn-based games (PPO, tuning/board_game_ppo.yaml, policy=cnn), self-play alone: within 400k seat
     steps the greedy policy beats a random player in most games (a random policy wins about half)."""
     run_dir = tmp_path / "run"
     result = run_train("+env=connect_four", "runner=sequential", "max_env_steps=400000", "seed=1", run_dir=run_dir, timeout=600)
