@@ -21,7 +21,11 @@ README_MAX_BYTES = 15_000
 def _reference_module():
     spec = importlib.util.spec_from_file_location("config_reference", REFERENCE_SCRIPT)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there while they are defined
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
     return module
 
 
