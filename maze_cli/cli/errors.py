@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import yaml
-from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from hydra.errors import ConfigCompositionException, InstantiationException, MissingConfigException, OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
 
 from maze_cli.config.schema import expected_type, known_keys, suggest
@@ -36,8 +36,17 @@ def _unknown_key(full_key: str, argv: list[str]) -> str:
     return f"{full_key}: unknown key{hint}"
 
 
+def _refusal_inside(err: BaseException) -> BaseException:
+    """Our own error raised by a class that Hydra built from a `_target_` (a policy network refusing its
+    config): Hydra wraps it in an InstantiationException; the message is ours, not Hydra's wrapping."""
+    if isinstance(err, InstantiationException) and isinstance(err.__cause__, MazeCliError):
+        return err.__cause__
+    return err
+
+
 def explain(err: BaseException, argv: list[str]) -> str | None:
     """A one-line message for a user error, or None for anything else (a real crash)."""
+    err = _refusal_inside(err)
     if isinstance(err, MazeCliError):
         return str(err)
     if isinstance(err, MissingConfigException):
@@ -77,6 +86,7 @@ def explain(err: BaseException, argv: list[str]) -> str | None:
 
 def exit_code(err: BaseException) -> int:
     """2 for bad input, 1 for a failure while running."""
+    err = _refusal_inside(err)
     if isinstance(err, MazeCliError):
         return err.exit_code
     return 2 if isinstance(err, HYDRA_INPUT_ERRORS) else 1

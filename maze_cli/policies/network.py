@@ -29,16 +29,10 @@ def build_network(config: Mapping[str, Any], observation_space: gym.Space) -> Po
 
     A `PolicyNetwork` is used as it is; any other `nn.Module` with an `out_dim` is taken to be
     feed-forward (`forward(observations) -> features [..., out_dim]`)."""
-    from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
     target = config.get("_target_")
-    try:
-        network = instantiate(dict(config), observation_space=observation_space, _convert_="all")
-    except InstantiationException as e:
-        if isinstance(e.__cause__, ConfigError):  # the network refused its config: its own line, not Hydra's wrapping
-            raise e.__cause__ from None
-        raise
+    network = instantiate(dict(config), observation_space=observation_space, _convert_="all")
     if isinstance(network, PolicyNetwork):
         return network
     if isinstance(network, nn.Module) and isinstance(getattr(network, "out_dim", None), int):
