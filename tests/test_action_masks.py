@@ -86,6 +86,64 @@ def test_every_discrete_policy_acts_within_the_mask_sampled_and_greedy(policy):
         assert (params[time_major["action_mask"] == 0] < -1e8).all()
 
 
+@pytest.mark.parametrize("action_space", [gym.spaces.Discrete(8), gym.spaces.MultiDiscrete([3, 5])])
+def test_the_learner_skips_steps_with_one_legal_action_and_gets_the_same_loss_and_gradients(action_space):
+    """A step whose mask leaves one action (a seat that passes) has log-prob 0 and entropy 0 whatever the
+    policy network says: the learner's forward leaves it out of that network, and nothing else changes."""
+    torch.manual_seed(2)
+    T, B = 4, 64
+    mask = _masks(8, T * B, seed=3)
+    if isinstance(action_space, gym.spaces.MultiDiscrete):
+        mask = torch.cat([_masks(3, T * B, 4), _masks(5, T * B, 5)], dim=-1)
+    forced = torch.rand(T * B) < 0.5
+    parts = [(0, 8)] if isinstance(action_space, gym.spaces.Discrete) else [(0, 3), (3, 8)]
+    for start, end in parts:  # a forced step: exactly one legal action in each part
+        mask[forced, start:end] = 0
+        mask[forced, start] = 1
+    forced |= (mask != 0).sum(-1) == len(parts)  # random masks that happen to leave one action
+    obs = {"obs": torch.randn(T, B, 8), "action_mask": mask.reshape(T, B, 8)}
+    space = gym.spaces.Dict({"obs": gym.spaces.Box(-10, 10, (8,)), "action_mask": gym.spaces.MultiBinary(8)})
+    net = ActorCritic(space, action_space, NETWORK, action_mask_key="action_mask")
+    seen = []
+    net.network.register_forward_hook(lambda module, args, out: seen.append(args[0]["obs"].shape[:-1]))
+    actions = net.distribution.sample_with_log_prob(net(obs).params)[0]
+
+    def loss_and_grads(skip: bool):
+        net._n_choices = len(parts) if skip else 0
+        net.zero_grad()
+        out = net(obs, (), torch.zeros(T, B, dtype=torch.bool))
+        dist = net.distribution
+        loss = -(dist.log_prob(out.params, actions) * torch.randn(T, B, generator=torch.Generator().manual_seed(0))).mean()
+        loss = loss - 0.1 * dist.entropy(out.params).mean() + out.values.pow(2).mean()
+        loss.backward()
+        return out, loss, [p.grad.clone() for p in net.parameters()]
+
+    seen.clear()
+    full_out, full_loss, full_grads = loss_and_grads(skip=False)
+    assert seen == [(T, B)]
+    seen.clear()
+    out, loss, grads = loss_and_grads(skip=True)
+    assert seen == [(1, int((~forced).sum()))]  # the policy network saw the steps with a choice only
+    assert torch.allclose(loss, full_loss, atol=1e-6)
+    assert torch.allclose(out.values, full_out.values)
+    logp_forced = net.distribution.log_prob(out.params, actions).reshape(-1)[forced]
+    assert (logp_forced == 0).all()
+    for g, full in zip(grads, full_grads):
+        assert torch.allclose(g, full, atol=1e-6)
+    # acting likewise: the same actions from the same random stream, the network on the free steps only
+    flat = {k: v.reshape(T * B, -1) for k, v in obs.items()}
+    step = net.network.step
+    net.network.step = lambda observations, *args: seen.append(observations["obs"].shape[:-1]) or step(observations, *args)
+    acted = {}
+    for skip in (False, True):
+        net._n_choices = len(parts) if skip else 0
+        seen.clear()
+        torch.manual_seed(7)
+        acted[skip] = net.act(flat)[:2]
+    assert seen == [(int((~forced).sum()),)]
+    assert torch.equal(acted[True][0], acted[False][0]) and torch.allclose(acted[True][1], acted[False][1], atol=1e-6)
+
+
 def test_mask_keys_that_cannot_be_masks_are_refused_naming_the_key_and_the_fix():
     obs, action = MaskedChoice().observation_space, gym.spaces.Discrete(8)
     assert find_mask_key(obs, action, None) == "action_mask"

@@ -26,6 +26,8 @@ def test_conv_features_have_the_declared_width_for_every_layout_and_dtype(encode
     x = torch.from_numpy(np.stack([space.sample() for _ in range(6)])).reshape(3, 2, *shape).to(spec.dtype)
     features, state = net({"obs": x}, (), None)
     assert features.shape == (3, 2, 32) and state == () and torch.isfinite(features).all()
+    # an empty batch too (acting skips the steps with one legal action: all of a batch's may be such)
+    assert net.step({"obs": x[0, :0]})[0].shape == (0, 32)
 
 
 @pytest.mark.parametrize("shape,kind", [((6, 7, 2), "board"), ((3, 3, 2), "board"), ((10, 10, 4), "small"), ((4, 84, 84), "impala")])

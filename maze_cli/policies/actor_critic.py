@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from maze_cli.envs.action_mask import mask_parts
 from maze_cli.normalization import ObservationNormalizer
 from maze_cli.policies.base import Observations, Policy, PolicyOutput, State
 from maze_cli.policies.distributions import DiagGaussian, make_distribution
@@ -52,6 +53,7 @@ class ActorCritic(Policy):
         if self.gaussian:
             self.log_std = nn.Parameter(torch.full((self.distribution.dim,), float(log_std_init)))
         self._n_policy_state = len(self.network.initial_state(1))
+        self._n_choices = len(mask_parts(action_space)) if action_mask_key is not None else 0
         self._head = self.policy_head._parameters  # acting's head, without a module call (see mlp.layer_plan)
 
     def initial_state(self, batch_size: int) -> State:
@@ -70,25 +72,62 @@ class ActorCritic(Policy):
         raw = observations  # the mask as the env gave it, not normalized
         if self.obs_normalizer is not None:
             observations = self.obs_normalizer(observations)
-        features, policy_state = self.network(observations, state[:k], episode_start)
+        free = self._free_steps(raw, state, acting=False)
+        if free is None:
+            features, policy_state = self.network(observations, state[:k], episode_start)
+            logits = self.policy_head(features)
+        else:
+            logits, policy_state = self._logits_where(free, observations, acting=False), ()
         if self.value_network is None:
             value_features, value_state = features, ()
         else:
             value_features, value_state = self.value_network(observations, state[k:], episode_start)
-        params = self._params(self.masked(self.policy_head(features), raw))
+        params = self._params(self.masked(logits, raw))
         return PolicyOutput(params, self.value_head(value_features).squeeze(-1), policy_state + value_state)
 
+    def _free_steps(self, raw: Observations, state: State, acting: bool) -> torch.Tensor | None:
+        """The flat indices of the steps whose action mask leaves a choice, where the others are worth
+        skipping: a step with one legal action has log-prob 0 and entropy 0 whatever the network says,
+        and no gradient, yet would cost a pass of the policy network (in a turn-based game, every seat
+        but the one to move passes: half the rows of actors and learner). None where nothing is skipped:
+        no mask, a recurrent network (its state needs every step), or in the learner one network under
+        both heads (the value needs its features on every step)."""
+        if not self._n_choices or state or (self.value_network is None and not acting):
+            return None
+        legal = (raw[self.action_mask_key] != 0).sum(-1)
+        free = (legal > self._n_choices).reshape(-1).nonzero().squeeze(1)
+        return None if free.numel() == legal.numel() else free
+
+    def _logits_where(self, free: torch.Tensor, observations: Observations, acting: bool) -> torch.Tensor:
+        """Logits of the policy network on the `free` steps (flat indices) and 0 elsewhere (where the mask,
+        applied next, leaves one action: log-prob 0, as the network would give), in the observations'
+        leading shape (`[B]` acting, `[T, B]` in the learner)."""
+        n_lead = 1 if acting else 2
+        lead = next(iter(observations.values())).shape[:n_lead]
+        chosen = {key: x.reshape(-1, *x.shape[n_lead:]).index_select(0, free) for key, x in observations.items()}
+        if acting:
+            head = self._head
+            logits = F.linear(self.network.step(chosen)[0], head["weight"], head["bias"])
+        else:
+            logits = self.policy_head(self.network({key: x.unsqueeze(0) for key, x in chosen.items()})[0])[0]
+        flat = logits.new_zeros((lead.numel(), logits.shape[-1])).index_copy(0, free, logits)
+        return flat.reshape(*lead, -1)
+
     def action_params(self, observations: Observations, state: State, episode_start: torch.Tensor | None) -> tuple[torch.Tensor, State]:
-        """Acting skips the value head and, with two networks, the value network: half the work.
-        A recurrent value network still steps its state, so the learner can unroll it alike."""
+        """Acting skips the value head and, with two networks, the value network: half the work; and the
+        policy network on steps with one legal action. A recurrent value network still steps its state,
+        so the learner can unroll it alike."""
         k = self._n_policy_state
         raw = observations
         if self.obs_normalizer is not None:
             observations = self.obs_normalizer.step(observations)
-        features, policy_state = self.network.step(observations, state[:k], episode_start)
         value_state = state[k:]
         if value_state:
             _, value_state = self.value_network.step(observations, value_state, episode_start)
+        free = self._free_steps(raw, state, acting=True)
+        if free is not None:
+            return self._params(self.masked(self._logits_where(free, observations, acting=True), raw)), ()
+        features, policy_state = self.network.step(observations, state[:k], episode_start)
         head = self._head
         logits = self.masked(F.linear(features, head["weight"], head["bias"]), raw)
         return self._params(logits), policy_state + value_state

@@ -104,7 +104,7 @@ class ImageEncoder(nn.Module):
         pass follows the chunks too). Accelerators take the batch whole."""
         if x.device.type != "cpu":
             return x.shape[0]
-        return max(1, CPU_CHUNK_ELEMENTS // max(1, x[0].numel()))
+        return max(1, CPU_CHUNK_ELEMENTS // max(1, x.shape[1:].numel()))
 
 
 class MixedEncoder(nn.Module):
