@@ -86,6 +86,19 @@ def test_a_class_outside_the_allow_list_is_named_with_the_way_to_allow_it(real_r
         load_policy(path)
 
 
+def test_a_checkpoints_env_maker_is_called_only_if_it_is_maze_clis_a_known_game_packages_or_allowed():
+    """PettingZoo's own env makers (+env=connect_four's) pass; anything else the file names needs allow=."""
+    pytest.importorskip("pettingzoo")
+    from maze_cli.policies.blueprint import refused_env_callables
+
+    for target in ("pettingzoo.classic.connect_four_v3.env", "pettingzoo.classic.tictactoe_v3.raw_env"):
+        assert refused_env_callables({"_target_": target}, [], False) == []
+    for target in ("os.system", "tests.envs.signal_team_env", "pettingzoo.classic.connect_four_v3.os.system",
+                   "pettingzoo.utils.env_logger.EnvLogger"):
+        assert refused_env_callables({"_target_": target}, [], False) == [target]
+        assert refused_env_callables({"_target_": target}, [target], False) == []
+
+
 @pytest.mark.parametrize("damage,message", [
     ("truncate", "truncated or corrupt"),
     ("text", "not a maze_cli checkpoint"),

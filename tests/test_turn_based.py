@@ -3,6 +3,8 @@ evaluation against fixed opponents."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,7 @@ from maze_cli.parallel import SequentialDistributedActors  # noqa: E402
 from maze_cli.policies import ActorCritic, mlp_network  # noqa: E402
 from maze_cli.policies.random_policy import RandomPolicy  # noqa: E402
 from tests.cli import run_train  # noqa: E402
+from tests.test_checkpoints import rollout  # noqa: E402
 from tests.test_multiagent import env_config, read_stats  # noqa: E402
 
 PASS = 9  # tictactoe's 9 squares, then the pass
@@ -106,6 +109,13 @@ def test_a_self_play_run_reports_win_draw_and_loss_rates_per_opponent(tmp_path, 
         assert sum(rates) == pytest.approx(1.0)
     assert -1.0 <= last["eval/return_mean"] <= 1.0
     assert last["env/team_return"] == 0.0  # self-play: the seats' returns cancel
+    # rollout plays the saved policy against the same opponents, not against itself
+    out = rollout(f"checkpoint={run_dir / 'checkpoints' / 'last.pt'}", "episodes=6")
+    assert out.returncode == 0, out.stderr
+    lines = {m[0]: [float(x) for x in m[1:]] for m in
+             re.findall(r"6 games against (\w+): win ([\d.]+), draw ([\d.]+), loss ([\d.]+)", out.stdout)}
+    assert sorted(lines) == ["lookahead", "random"], out.stdout
+    assert all(sum(rates) == pytest.approx(1.0, abs=1e-3) for rates in lines.values())
 
 
 def _preferring(policy, lowest: bool, by: float = 20.0) -> dict:

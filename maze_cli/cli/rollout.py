@@ -51,8 +51,9 @@ Examples:
   rollout checkpoint=outputs/2026-11-24/10-00-00/checkpoints/best.pt episodes=100 deterministic=false
   rollout checkpoint=outputs/2026-11-24/10-00-00/checkpoints/best.pt episodes=1 video=true
 
-Prints: N episodes: return <mean> +- <std> (min, max), episode length <mean>. Bad keys end in one
-line and exit code 2. More in docs/runs.md (its rollout section)."""
+Prints: N episodes: return <mean> +- <std> (min, max), episode length <mean>; for a turn-based game
+(+env=board_game, +env=connect_four), N games against each fixed opponent (random, lookahead), half in
+each seat: win, draw and loss rates. Bad keys end in one line and exit code 2. More in docs/runs.md (its rollout section)."""
 
 
 def _parse(argv: list[str]) -> RolloutConfig:
@@ -96,12 +97,17 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     seeds = derive_seeds(cfg.seed, "rollout_env", cfg.episodes)
     run_setting = ((payload.get("config") or {}).get("eval") or {}).get("deterministic", True)  # what the run's evaluation did
     deterministic = bool(run_setting if cfg.deterministic is None else cfg.deterministic)
-    with seeded_sampling(deterministic, seeds[0]):
-        returns, lengths = run_episodes(env_factory, policy, seeds, deterministic)
-    mean = sum(returns) / len(returns)
-    std = math.sqrt(sum((r - mean) ** 2 for r in returns) / len(returns))
-    print(f"{cfg.episodes} episodes: return {mean:.2f} +- {std:.2f} (min {min(returns):.2f}, max {max(returns):.2f}), "
-          f"episode length {sum(lengths) / len(lengths):.1f}\nactions: {'the most likely' if deterministic else 'sampled'}")
+    if env_factory.turn_based:
+        result = _against_opponents(env_factory, policy, seeds, deterministic)
+    else:
+        with seeded_sampling(deterministic, seeds[0]):
+            returns, lengths = run_episodes(env_factory, policy, seeds, deterministic)
+        mean = sum(returns) / len(returns)
+        std = math.sqrt(sum((r - mean) ** 2 for r in returns) / len(returns))
+        print(f"{cfg.episodes} episodes: return {mean:.2f} +- {std:.2f} (min {min(returns):.2f}, max {max(returns):.2f}), "
+              f"episode length {sum(lengths) / len(lengths):.1f}")
+        result = {"return_mean": mean, "return_std": std}
+    print(f"actions: {'the most likely' if deterministic else 'sampled'}")
     if cfg.video:
         from maze_cli.video import record_episode, render_env_config, write_video
 
@@ -115,7 +121,20 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
             raise DiskFull(err.path, f"video_path={video_path}: {err}; free space there or choose another with "
                                      f"video_path=<file>") from None
         print(f"wrote {out} ({len(frames)} frames)")
-    return {"return_mean": mean, "return_std": std}
+    return result
+
+
+def _against_opponents(env_factory, policy, seeds: list[int], deterministic: bool) -> dict[str, float]:
+    """A turn-based game: `episodes` games against each fixed opponent, half in each seat, as the run's
+    evaluation plays them (a game against itself says nothing: every seat's return sums to 0)."""
+    from maze_cli.evaluation import Evaluator
+
+    stats = Evaluator(env_factory, len(seeds), seeds, deterministic=deterministic)(policy)
+    opponents = sorted({key.rsplit("/", 1)[1] for key in stats if key.startswith("eval/win_rate/")})
+    for opponent in opponents:
+        rates = {rate: stats[f"eval/{rate}_rate/{opponent}"] for rate in ("win", "draw", "loss")}
+        print(f"{len(seeds)} games against {opponent}: win {rates['win']:.3f}, draw {rates['draw']:.3f}, loss {rates['loss']:.3f}")
+    return {key.removeprefix("eval/"): value for key, value in stats.items()}
 
 
 def main() -> None:

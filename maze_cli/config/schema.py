@@ -28,6 +28,7 @@ from maze_cli.start_methods import START_METHODS, check_start_method
 
 
 CORE_INPUTS = ("obs", "prev_action", "prev_reward")
+CONV_ENCODERS = ("auto", "impala", "nature", "small", "board")  # policy.encoder (maze_cli.policies.cnn)
 # Keys of a group's config that maze_cli itself reads, whatever class `_target_` names.
 OWN_KEYS = {"policy": ("core_inputs",)}
 
@@ -205,7 +206,7 @@ class CnnPolicyConfig(MlpPolicyConfig):
     """Conv encoders for image observations (HWC or CHW), the other keys flattened, then the MLP and core."""
 
     _target_: str = "maze_cli.policies.cnn.CnnNetwork"
-    encoder: str = _f("auto", choices=("auto", "impala", "nature", "small", "board"))  # auto: board below 8 a side, small below 32, else impala
+    encoder: str = _f("auto", choices=CONV_ENCODERS)  # auto: board below 8 a side, small below 32, else impala
     hidden_sizes: List[int] = _f([256], ge=1)  # hidden layers after the encoders
     activation: Optional[str] = _f("relu", choices=("tanh", "relu", "elu"))  # of the hidden layers
     channels_last: Optional[bool] = None  # HWC (true) or CHW (false); null: the channel axis is the smaller of first and last

@@ -71,13 +71,30 @@ def is_own_env_maker(target: str) -> bool:
 WRAPPER_PACKAGES = ("gymnasium.wrappers", OWN_PACKAGE + ".envs", "minigrid.wrappers", "ale_py", "minatar")
 
 
+# Packages whose env makers (PettingZoo's convention: functions named env, parallel_env or raw_env) a
+# checkpoint may name as its env `_target_` without allow=: those of the multiagent extra.
+ENV_MAKER_PACKAGES = ("pettingzoo", "mpe2")
+ENV_MAKER_NAMES = ("env", "parallel_env", "raw_env")
+
+
+def _is_known_env_maker(target: str) -> bool:
+    """A PettingZoo-style env maker of ENV_MAKER_PACKAGES (e.g. pettingzoo.classic.connect_four_v3.env), by
+    name and by where it is defined, as for wrappers."""
+    return target.rsplit(".", 1)[-1] in ENV_MAKER_NAMES and _defined_within(target, ENV_MAKER_PACKAGES)
+
+
 def _is_known_wrapper(target: str) -> bool:
     """A wrapper class or function of WRAPPER_PACKAGES, both by name and by where it is defined (so
     that a path through a module's imports, such as gymnasium.wrappers.os.system, is not one)."""
+    return _defined_within(target, WRAPPER_PACKAGES)
+
+
+def _defined_within(target: str, packages: tuple[str, ...]) -> bool:
+    """A class or function named inside `packages` and defined there too."""
     from hydra.utils import get_object
 
     def within(name: str) -> bool:
-        return any(name == p or name.startswith(p + ".") for p in WRAPPER_PACKAGES)
+        return any(name == p or name.startswith(p + ".") for p in packages)
 
     if not within(target):  # judged by name before anything is imported
         return False
@@ -90,7 +107,7 @@ def _is_known_wrapper(target: str) -> bool:
 
 def refused_env_callables(env_config: dict[str, Any], allow: Iterable[str], trust: bool) -> list[str]:
     """The callables a checkpoint's env config names that loading it may not call: its env `_target_`
-    unless maze_cli's own env maker, its `wrappers` unless gymnasium's, maze_cli's or a known env
+    unless maze_cli's own env maker or a known PettingZoo-style one, its `wrappers` unless gymnasium's, maze_cli's or a known env
     package's; anything listed in `allow` (or everything, with `trust`) passes."""
     from maze_cli.envs.wrappers import wrapper_targets
 
@@ -99,7 +116,7 @@ def refused_env_callables(env_config: dict[str, Any], allow: Iterable[str], trus
     allowed = set(allow)
     refused = []
     target = env_config.get("_target_")
-    if target is not None and target not in allowed and not is_own_env_maker(target):
+    if target is not None and target not in allowed and not is_own_env_maker(target) and not _is_known_env_maker(target):
         refused.append(target)
     refused += [w for w in wrapper_targets(env_config.get("wrappers")) if w not in allowed and not _is_known_wrapper(w)]
     return refused

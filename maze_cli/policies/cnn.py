@@ -14,12 +14,12 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from maze_cli.config.schema import CONV_ENCODERS
 from maze_cli.errors import ConfigError
 from maze_cli.envs.spaces import _flatten_spaces, observation_specs
 from maze_cli.policies.base import Observations
 from maze_cli.policies.mlp import ObservationEncoder, MlpNetwork, as_float
 
-ENCODERS = ("auto", "impala", "nature", "small", "board")
 # Input elements of the frames a CPU convolves at once (ImageEncoder._chunk): 256 Atari observations
 # (4 x 84 x 84); the chunk size is measured in benchmarks/LEARNER.md.
 CPU_CHUNK_ELEMENTS = 256 * 4 * 84 * 84
@@ -57,7 +57,7 @@ def conv_stack(kind: str, in_channels: int) -> nn.Sequential:
         return nn.Sequential(nn.Conv2d(in_channels, 16, 3, stride=1), nn.ReLU(), nn.Flatten())
     if kind == "board":
         return nn.Sequential(nn.Conv2d(in_channels, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.Flatten())
-    raise ConfigError(f"policy.encoder={kind}: use one of {', '.join(ENCODERS)}")
+    raise ConfigError(f"policy.encoder={kind}: use one of {', '.join(CONV_ENCODERS)}")
 
 
 class ImageEncoder(nn.Module):
