@@ -61,7 +61,13 @@ def one_run(seed: int, minutes: float, overrides: list[str], workdir: Path, game
     return {"seed": seed, "minutes": minutes, "algorithm": algorithm, "policy": policy, "opening_moves": config["selfplay"].get("opening_moves", 0),
             "overrides": overrides, "evaluations": evaluations,
             "final": final_games(run.run_dir / "checkpoints" / "last.pt", games) if games else None,
-            "wall_s": round(run.wall_s, 1), "machine": machine_line()}
+            "wall_s": round(run.wall_s, 1), "machine": machine_line(), "commit": commit()}
+
+
+def commit() -> str:
+    """The code that ran: the repository's commit, where the benchmark runs from a checkout."""
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
 def report(entries: list[dict]) -> list[str]:
@@ -71,7 +77,8 @@ def report(entries: list[dict]) -> list[str]:
     for entry in entries:
         openings = f" opening_moves={entry['opening_moves']}" if entry.get("opening_moves") else ""
         policy = f" policy={entry['policy']}" if entry.get("policy") else ""
-        settings = f"{entry['algorithm']}{policy}{openings} {' '.join(entry['overrides']) or 'defaults'}"
+        code = f" (at {entry['commit']})" if entry.get("commit") else ""
+        settings = f"{entry['algorithm']}{policy}{openings} {' '.join(entry['overrides']) or 'defaults'}{code}"
         groups.setdefault((settings, entry["minutes"]), []).append(entry)
     for (settings, minutes), runs in groups.items():
         runs.sort(key=lambda e: e["seed"])
