@@ -127,11 +127,11 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
 def _against_opponents(env_factory, policy, seeds: list[int], deterministic: bool) -> dict[str, float]:
     """A turn-based game: `episodes` games against each fixed opponent, half in each seat, as the run's
     evaluation plays them (a game against itself says nothing: every seat's return sums to 0)."""
+    from maze_cli.envs.turn_based import OPPONENTS
     from maze_cli.evaluation import Evaluator
 
     stats = Evaluator(env_factory, len(seeds), seeds, deterministic=deterministic)(policy)
-    opponents = sorted({key.rsplit("/", 1)[1] for key in stats if key.startswith("eval/win_rate/")})
-    for opponent in opponents:
+    for opponent in OPPONENTS:
         rates = {rate: stats[f"eval/{rate}_rate/{opponent}"] for rate in ("win", "draw", "loss")}
         print(f"{len(seeds)} games against {opponent}: win {rates['win']:.3f}, draw {rates['draw']:.3f}, loss {rates['loss']:.3f}")
     return {key.removeprefix("eval/"): value for key, value in stats.items()}

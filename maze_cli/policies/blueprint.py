@@ -107,8 +107,8 @@ def _defined_within(target: str, packages: tuple[str, ...]) -> bool:
 
 def refused_env_callables(env_config: dict[str, Any], allow: Iterable[str], trust: bool) -> list[str]:
     """The callables a checkpoint's env config names that loading it may not call: its env `_target_`
-    unless maze_cli's own env maker or a known PettingZoo-style one, its `wrappers` unless gymnasium's, maze_cli's or a known env
-    package's; anything listed in `allow` (or everything, with `trust`) passes."""
+    unless maze_cli's own env maker or a known PettingZoo-style one, its `wrappers` unless gymnasium's,
+    maze_cli's or a known env package's; anything listed in `allow` (or everything, with `trust`) passes."""
     from maze_cli.envs.wrappers import wrapper_targets
 
     if trust:
