@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from machine import machine_line
+from machine import commit, machine_line
 from runs import publish, run_train
 from scores import iqm_with_interval
 
@@ -62,12 +62,6 @@ def one_run(seed: int, minutes: float, overrides: list[str], workdir: Path, game
             "overrides": overrides, "evaluations": evaluations,
             "final": final_games(run.run_dir / "checkpoints" / "last.pt", games) if games else None,
             "wall_s": round(run.wall_s, 1), "machine": machine_line(), "commit": commit()}
-
-
-def commit() -> str:
-    """The code that ran: the repository's commit, where the benchmark runs from a checkout."""
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True)
-    return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
 def report(entries: list[dict]) -> list[str]:

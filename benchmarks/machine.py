@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 from importlib import metadata
 from pathlib import Path
 
@@ -38,3 +39,9 @@ def machine_line() -> str:
     gpu = gpu_name()
     return (f"{os.cpu_count()} cores ({cpu_model()}){f', {gpu}' if gpu else ''}, Python {platform.python_version()}, "
             f"torch {version('torch')}, gymnasium {version('gymnasium')}, ray {version('ray')}")
+
+
+def commit() -> str:
+    """The code that ran: the repository's commit, where the benchmark runs from a checkout."""
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else "unknown"

@@ -9,7 +9,9 @@ every 200k seat steps (every 500k on connect_n).
 
 A setting is a list of train overrides on top of `+env=board_game` with the game (so the family's
 defaults apply unless it names `algorithm=...`). The figure of a run is its last evaluation; every
-evaluation is appended to benchmarks/results/selfplay_dev.jsonl. For scale: a minimax player (random
+evaluation is appended to benchmarks/results/selfplay_dev.jsonl, with the commit that ran. The report
+ends with one row per setting and commit: its seeds' mean of the last evaluation and of every evaluation
+(one 10-minute seed swings by more than a setting moves it; compare settings on several). For scale: a minimax player (random
 among its best moves) wins 0.87 of its games against random play and 0.46 against the lookahead.
 """
 
@@ -20,7 +22,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from machine import machine_line
+from machine import commit, machine_line
 from runs import publish, run_train
 
 RESULTS = Path(__file__).parent / "results" / "selfplay_dev.jsonl"
@@ -38,7 +40,7 @@ def one_run(game: str, settings: list[str], seed: int, seat_steps: int, workdir:
                     **{f"{rate}/{o}": r[f"eval/{rate}_rate/{o}"] for o in OPPONENTS for rate in ("win", "draw", "loss")}}
                    for r in run.rows if f"eval/win_rate/{OPPONENTS[0]}" in r]
     return {"game": game, "settings": " ".join(settings) or "board_game defaults", "seed": seed, "seat_steps": seat_steps,
-            "wall_s": round(run.wall_s, 1), "evaluations": evaluations, "machine": machine_line()}
+            "wall_s": round(run.wall_s, 1), "evaluations": evaluations, "machine": machine_line(), "commit": commit()}
 
 
 def report(entries: list[dict]) -> list[str]:
@@ -49,6 +51,26 @@ def report(entries: list[dict]) -> list[str]:
         rates = [" / ".join(f"{last[f'{r}/{o}']:.2f}" for r in ("win", "draw", "loss")) for o in OPPONENTS]
         every = ", ".join(f"{x['win/lookahead']:.2f}" for x in e["evaluations"])
         lines.append(f"| {e.get('game', 'tictactoe')} | {e['settings']} | {e['seat_steps']:,} | {e['seed']} | {rates[0]} | {rates[1]} | {every} |")
+    return lines
+
+
+def summary(entries: list[dict]) -> list[str]:
+    """One row per game, setting and commit (the code's speed changes what a time budget holds): the seeds
+    run, and the mean over them of the last evaluation and of every evaluation against each opponent."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for e in entries:
+        groups.setdefault((e.get("game", "tictactoe"), e["settings"], e.get("commit", "-")), []).append(e)
+    lines = ["| game | settings | commit | seeds | seat steps (mean) | random: last, mean of every evaluation | "
+             "lookahead: last, mean of every evaluation |", "|---|---|---|---|---:|---|---|"]
+    for (game, settings, code), runs in groups.items():
+        cells = []
+        for o in OPPONENTS:
+            last = sum(r["evaluations"][-1][f"win/{o}"] for r in runs) / len(runs)
+            every = sum(sum(x[f"win/{o}"] for x in r["evaluations"]) / len(r["evaluations"]) for r in runs) / len(runs)
+            cells.append(f"{last:.2f}, {every:.2f}")
+        steps = sum(r["evaluations"][-1]["env_steps"] for r in runs) / len(runs)
+        seeds = ", ".join(str(r["seed"]) for r in runs)
+        lines.append(f"| {game} | {settings} | {code} | {seeds} | {steps / 1e6:.2f}M | {cells[0]} | {cells[1]} |")
     return lines
 
 
@@ -71,7 +93,8 @@ def main() -> None:
                         f.write(json.dumps(entry) + "\n")
                     print(report([entry])[-1], flush=True)
     entries = [json.loads(line) for line in RESULTS.read_text().splitlines()]
-    publish([f"Machine: {entries[-1]['machine']}", ""] + report(entries), args.out)
+    publish([f"Machine: {entries[-1]['machine']}", ""] + report(entries) + ["", "Every setting, its seeds together:", ""]
+            + summary(entries), args.out)
 
 
 if __name__ == "__main__":
