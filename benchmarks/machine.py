@@ -42,6 +42,9 @@ def machine_line() -> str:
 
 
 def commit() -> str:
-    """The code that ran: the repository's commit, where the benchmark runs from a checkout."""
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True)
+    """The trainer's code that ran: the last commit that changed the package or its configs, where the
+    benchmark runs from a checkout (a commit of benchmark figures or docs alone runs the same code, so
+    runs on either side of it group together)."""
+    out = subprocess.run(["git", "log", "-1", "--format=%h", "--", "maze_cli", "conf", "pyproject.toml"],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
     return out.stdout.strip() if out.returncode == 0 else "unknown"

@@ -9,10 +9,11 @@ every 200k seat steps (every 500k on connect_n).
 
 A setting is a list of train overrides on top of `+env=board_game` with the game (so the family's
 defaults apply unless it names `algorithm=...`). The figure of a run is its last evaluation; every
-evaluation is appended to benchmarks/results/selfplay_dev.jsonl, with the commit that ran. The report
-ends with one row per setting and commit: its seeds' mean of the last evaluation and of every evaluation
-(one 10-minute seed swings by more than a setting moves it; compare settings on several). For scale: a minimax player (random
-among its best moves) wins 0.87 of its games against random play and 0.46 against the lookahead.
+evaluation is appended to benchmarks/results/selfplay_dev.jsonl, with the trainer's commit that ran. The
+report ends with one row per setting and commit: its seeds' mean of the last evaluation and of every
+evaluation (one 10-minute seed swings by more than a setting moves it; compare settings on several).
+For scale: a minimax player (random among its best moves) wins 0.87 of its games against random play
+and 0.46 against the lookahead.
 """
 
 from __future__ import annotations
