@@ -1,7 +1,6 @@
 """eval.background: evaluation of weight snapshots in a thread, off the learner's path; best.pt from the
 snapshot's weights; the final weights still evaluated; the auto rule by cores."""
 
-import os
 import threading
 import time
 from types import SimpleNamespace
@@ -11,6 +10,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from maze_cli.cli.build import learner_threads
 from maze_cli.cli.session import _background_eval
 from maze_cli.evaluation import BackgroundEvaluation, Snapshot
 from maze_cli.training import Budget, Trainer
@@ -100,20 +100,49 @@ def test_a_failing_snapshot_evaluation_is_skipped_and_training_goes_on(caplog):
     assert "evaluation of epoch 1's weights failed (RuntimeError: env broke)" in caplog.text
 
 
-@pytest.mark.parametrize("background, runner, n_actors, threads, cores, expected", [
-    (None, "maze_cli.parallel.SubprocDistributedActors", 2, 1, 2, False),   # 2 actors + a learner fill 2 cores
-    (None, "maze_cli.parallel.SubprocDistributedActors", 2, 1, 16, True),
-    (None, "maze_cli.parallel.SubprocDistributedActors", 8, 2, 10, False),
-    (None, "maze_cli.parallel.SequentialDistributedActors", 2, 1, 16, False),  # its envs step in the learner's process
-    (True, "maze_cli.parallel.SubprocDistributedActors", 2, 1, 2, True),
-    (False, "maze_cli.parallel.SubprocDistributedActors", 2, 1, 16, False),
+IMPALA, PPO = "maze_cli.algorithms.impala.Impala", "maze_cli.algorithms.ppo.Ppo"
+
+
+def _settings(threads=None, algorithm=IMPALA, runner="maze_cli.parallel.SubprocDistributedActors", n_actors=2, background=None,
+              num_learners=1, reproducible=False):
+    runner_config = {"_target_": runner, "n_actors": n_actors, **({"reproducible": True} if reproducible else {})}
+    return SimpleNamespace(
+        train=SimpleNamespace(eval=SimpleNamespace(background=background), learner=SimpleNamespace(num_learners=num_learners),
+                              torch_threads=threads),
+        algorithm=OmegaConf.create({"_target_": algorithm}), runner=OmegaConf.create(runner_config))
+
+
+@pytest.mark.parametrize("background, runner, n_actors, threads, algorithm, cores, expected", [
+    (None, "maze_cli.parallel.SubprocDistributedActors", 2, None, IMPALA, 2, False),   # 2 actors + a learner fill 2 cores
+    (None, "maze_cli.parallel.SubprocDistributedActors", 2, None, IMPALA, 16, True),
+    (None, "maze_cli.parallel.SubprocDistributedActors", 2, None, PPO, 16, False),  # PPO's learner takes every core
+    (None, "maze_cli.parallel.SubprocDistributedActors", 2, 1, PPO, 16, True),
+    (None, "maze_cli.parallel.SubprocDistributedActors", 8, 2, IMPALA, 10, False),
+    (None, "maze_cli.parallel.SequentialDistributedActors", 2, 1, IMPALA, 16, False),  # its envs step in the learner's process
+    (True, "maze_cli.parallel.SubprocDistributedActors", 2, 1, IMPALA, 2, True),
+    (False, "maze_cli.parallel.SubprocDistributedActors", 2, 1, IMPALA, 16, False),
 ])
-def test_background_evaluation_is_on_where_a_core_is_left_over(monkeypatch, background, runner, n_actors, threads, cores, expected):
-    monkeypatch.setattr(os, "cpu_count", lambda: cores)
-    settings = SimpleNamespace(
-        train=SimpleNamespace(eval=SimpleNamespace(background=background), learner=SimpleNamespace(num_learners=1), torch_threads=threads),
-        runner=OmegaConf.create({"_target_": runner, "n_actors": n_actors}))
+def test_background_evaluation_is_on_where_a_core_is_left_over(monkeypatch, background, runner, n_actors, threads, algorithm, cores,
+                                                                expected):
+    monkeypatch.setattr("maze_cli.cli.build.available_cores", lambda: cores)
+    monkeypatch.setattr("maze_cli.cli.session.available_cores", lambda: cores)
+    settings = _settings(threads, algorithm, runner, n_actors, background)
     assert _background_eval(settings) is expected
+
+
+@pytest.mark.parametrize("algorithm, threads, num_learners, reproducible, expected", [
+    (PPO, None, 1, False, 8),  # its actors wait while it learns: every core
+    (PPO, None, 3, False, 2),  # divided among the learners
+    (PPO, None, 1, True, 1),   # reproducible mode: results must not depend on the machine's cores
+    (PPO, 3, 1, False, 3),     # as set
+    ("maze_cli.algorithms.ppo.Appo", None, 1, False, 1),  # its actors never wait
+    (IMPALA, None, 1, False, 1),
+    ("maze_cli.algorithms.sac.Sac", 2, 1, False, 2),
+])
+def test_learner_threads_take_the_cores_the_actors_leave(monkeypatch, algorithm, threads, num_learners, reproducible, expected):
+    monkeypatch.setattr("maze_cli.cli.build.available_cores", lambda: 8)
+    settings = _settings(threads, algorithm, num_learners=num_learners, reproducible=reproducible)
+    assert learner_threads(settings) == expected
 
 
 def test_best_pt_holds_the_weights_the_background_evaluation_judged(tmp_path):

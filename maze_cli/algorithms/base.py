@@ -77,6 +77,9 @@ class Algorithm(abc.ABC):
     # what `epoch_length: null` becomes: iterations per epoch. An epoch is a row of stats and, with
     # evaluation on, the moment the target is judged, so it should last about a second, not more.
     epoch_length: ClassVar[int] = 20
+    # true where the actors wait while the learner learns (on-policy data: PPO), so that `torch_threads: null`
+    # gives the learner every core instead of one
+    actors_wait_for_learner: ClassVar[bool] = False
 
     @abc.abstractmethod
     def build(self, parts: Components) -> Run:

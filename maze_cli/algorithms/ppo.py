@@ -262,6 +262,7 @@ class Ppo(PpoConfig, Algorithm):
 
     envs_per_actor = 8
     network_defaults = {"activation": "tanh"}
+    actors_wait_for_learner = True
 
     def build(self, parts: Components) -> Run:
         return self._build(parts, on_policy=True)
@@ -280,6 +281,8 @@ class Ppo(PpoConfig, Algorithm):
 @dataclass
 class Appo(AppoConfig, Ppo):
     """`algorithm=appo`: PPO's update on rollouts as they come (none older than max_policy_lag), V-trace targets."""
+
+    actors_wait_for_learner = False
 
     def build(self, parts: Components) -> Run:
         return self._build(parts, max_policy_lag=self.max_policy_lag)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -114,6 +115,28 @@ def _network_config(settings: Settings, algorithm: Algorithm) -> dict[str, Any]:
         if key in network and network[key] is None:
             network[key] = value
     return network
+
+
+def learner_threads(settings: Settings) -> int:
+    """The torch threads of a learner's process: `torch_threads` as set, or (null) one, except for an
+    algorithm whose actors wait while it learns (PPO): then no actor runs during an update, and the
+    learner takes every core of this machine (divided among the learners). Reproducible mode keeps one,
+    since results depend on the thread count and a machine's cores must not change them."""
+    t = settings.train
+    if t.torch_threads is not None:
+        return t.torch_threads
+    algorithm, _ = _target_and_arguments("algorithm", {"_target_": settings.algorithm._target_})
+    if settings.runner.get("reproducible") or not getattr(algorithm, "actors_wait_for_learner", False):
+        return 1
+    return max(1, available_cores() // t.learner.num_learners)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity where the OS tells it, e.g. a container's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def learner_device(device: str, rank: int, world_size: int) -> str:

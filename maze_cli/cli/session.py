@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from maze_cli.algorithms.base import Run
 from maze_cli.callbacks import CallbackFailed, Callbacks
 from maze_cli.checkpoint import Checkpointer
 from maze_cli.cli import resume
-from maze_cli.cli.build import build_run, build_trackers, check_device, check_env, trusted_targets
+from maze_cli.cli.build import available_cores, build_run, build_trackers, check_device, check_env, learner_threads, trusted_targets
 from maze_cli.cli.learners import start_other_learners
 from maze_cli.cli.paths import RUN_DIR_FIX
 from maze_cli.cli.sweep import objective
@@ -93,7 +92,7 @@ def _prepare_this_process(settings: Settings) -> tuple[EnvFactory, gym.Space, gy
     check_device(t.device)
     check_options(t.learner.precision, t.learner.compile, t.device)
     raise_terminated_on_sigterm()
-    torch.set_num_threads(t.torch_threads)
+    torch.set_num_threads(learner_threads(settings))
     env_factory, observation_space, action_space = check_env(settings)
     _warn_images_with_mlp(settings, observation_space)
     seed_everything(derive_seed(t.seed, "learner"))
@@ -171,7 +170,7 @@ def _log_start(settings: Settings, run: Run, env_factory: EnvFactory, observatio
     log.info(
         f"env {env_factory.describe()}: observations {describe_space(observation_space)}, actions {describe_space(action_space)}; "
         f"{_short(settings.algorithm._target_)} with {_short(settings.runner._target_)}, "
-        f"{actors.n_actors} actors x {actors.envs_per_actor} envs{learners}"
+        f"{actors.n_actors} actors x {actors.envs_per_actor} envs{learners}, {torch.get_num_threads()} torch threads per learner"
     )
     if t.eval.interval > 0:
         deterministic = t.eval.deterministic
@@ -238,8 +237,8 @@ def _background_eval(settings: Settings) -> bool:
     n_actors = settings.runner.get("n_actors")
     if n_actors is None or "sequential" in str(settings.runner.get("_target_", "")).lower():
         return False
-    busy = n_actors + t.learner.num_learners * t.torch_threads
-    return (os.cpu_count() or 1) > busy
+    busy = n_actors + t.learner.num_learners * learner_threads(settings)
+    return available_cores() > busy
 
 
 def _eval_videos(settings: Settings, run_dir: Path, tensorboard: TensorBoardWriter) -> EvalVideos | None:

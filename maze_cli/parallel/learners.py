@@ -57,14 +57,14 @@ class PreparedLearner:
 def prepare_learner(task: LearnerTask) -> PreparedLearner:
     """Learner `task.group.rank` > 0, first part: the run's settings and env from the config."""
     # A learner's run is built as learner 0's is, by the layers above this one: imported in its process only.
-    from maze_cli.cli.build import check_env
+    from maze_cli.cli.build import check_env, learner_threads
     from maze_cli.config.schema import register_configs, validate
 
     register_configs()
     settings = validate(OmegaConf.create(task.config), [])
     if settings.runner.get("reproducible"):
         deterministic_torch()
-    torch.set_num_threads(settings.train.torch_threads)
+    torch.set_num_threads(learner_threads(settings))
     env = check_env(settings)
     seed_everything(derive_seed(settings.train.seed, f"learner/{task.group.rank}"))
     return PreparedLearner(task, settings, env)
