@@ -118,10 +118,11 @@ def _network_config(settings: Settings, algorithm: Algorithm) -> dict[str, Any]:
 
 
 def learner_threads(settings: Settings) -> int:
-    """The torch threads of a learner's process: `torch_threads` as set, or (null) one, except for an
-    algorithm whose actors wait while it learns (PPO): then no actor runs during an update, and the
-    learner takes every core of this machine (divided among the learners). Reproducible mode keeps one,
-    since results depend on the thread count and a machine's cores must not change them."""
+    """The torch threads of a learner's process: `torch_threads` as set, or (null) the cores the actors
+    leave it: one, except for an algorithm whose actors wait while it learns (PPO), where no actor runs
+    during an update and the learner takes every core of this machine (divided among the learners).
+    Reproducible mode keeps one, since results depend on the thread count and a machine's cores must
+    not change them."""
     t = settings.train
     if t.torch_threads is not None:
         return t.torch_threads

@@ -139,9 +139,10 @@ class TrainConfig:
     # pays for); an epoch is one row of stats and, with evaluation on, an evaluation; null: the algorithm's choice
     epoch_length: Optional[int] = _f(None, ge=1)
     device: str = "cpu"  # the learner's torch device (cpu, cuda, cuda:1, ...); actors always run on CPU
-    # torch threads in the learner's process; null: every core (divided among the learners) for an algorithm
-    # whose actors wait while it learns (PPO), else 1; 1 in reproducible mode, whose results depend on it
-    torch_threads: Optional[int] = _f(None, ge=1)
+    # torch threads in the learner's process; null: the cores the actors leave it while it learns, that is
+    # every core (divided among the learners) for an algorithm whose actors wait for its update (PPO), else 1;
+    # 1 in reproducible mode, whose results depend on it. More threads pay only for a wide network
+    torch_threads: Optional[int] = _f(1, ge=1)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
