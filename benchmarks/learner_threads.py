@@ -18,7 +18,7 @@ from pathlib import Path
 
 from machine import machine_line
 from runs import publish, run_train
-from suite import ENV_CONFIGS, HELDOUT, SUITE
+from suite import HELDOUT, SUITE, write_env_configs
 
 HERE = Path(__file__).resolve().parent
 TASKS = {
@@ -44,10 +44,7 @@ def main() -> None:
     rates: dict[tuple[str, str], list[float]] = {}
     steps: dict[tuple[str, str], list[int]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        config_dir = Path(tmp) / "conf"
-        (config_dir / "env").mkdir(parents=True)
-        for file, text in ENV_CONFIGS.items():
-            (config_dir / "env" / file).write_text(text)
+        config_dir = write_env_configs(Path(tmp) / "conf")
         for task in args.tasks:
             for round_ in range(args.rounds):
                 order = SETTINGS if round_ % 2 == 0 else SETTINGS[::-1]

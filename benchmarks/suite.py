@@ -103,6 +103,14 @@ ENV_CONFIGS = {"reference.yaml": "_target_: mpe2.simple_reference_v3.parallel_en
                "repeat.yaml": "_target_: suite_envs.RepeatFirst\nn_symbols: 4\nlength: 8\n"}
 
 
+def write_env_configs(config_dir: Path) -> Path:
+    """The suite's own env configs (ENV_CONFIGS) under `config_dir`/env, for `hydra.searchpath`; returns `config_dir`."""
+    (config_dir / "env").mkdir(parents=True)
+    for file, text in ENV_CONFIGS.items():
+        (config_dir / "env" / file).write_text(text)
+    return config_dir
+
+
 @dataclass
 class Outcome:
     to_target_s: float  # math.inf: the time cap came first
@@ -165,10 +173,7 @@ def main() -> None:
         candidates[name] = [o for o in rest.split(",") if o]
     results: dict[tuple[str, str], list[Outcome]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        config_dir = Path(tmp) / "conf"
-        (config_dir / "env").mkdir(parents=True)
-        for file, text in ENV_CONFIGS.items():
-            (config_dir / "env" / file).write_text(text)
+        config_dir = write_env_configs(Path(tmp) / "conf")
         for seed in args.seeds:
             for env in args.envs:
                 for name, extra in candidates.items():
