@@ -10,7 +10,8 @@ import torch
 
 from maze_cli.algorithms.dqn import DqnPolicy
 from maze_cli.algorithms.sac import SacPolicy
-from maze_cli.envs.action_mask import LegalActionCheck, apply_mask, find_mask_key
+from maze_cli.envs.action_mask import LegalActionCheck, VectorLegalActionCheck, apply_mask, find_mask_key
+from maze_cli.envs.factory import EnvFactory
 from maze_cli.envs.masked_choice import MaskedChoice
 from maze_cli.errors import ConfigError
 from maze_cli.policies.actor_critic import ActorCritic
@@ -183,6 +184,48 @@ def test_a_mask_without_a_legal_action_is_an_error_that_names_the_step():
     env.step(0)
     with pytest.raises(ValueError, match="episode step 3: the action mask allows no action"):
         env.step(0)
+
+
+class _VectorizedFaultyChoice:
+    """Fault injection: a `_target_` that also builds its envs vectorized (as envpool's do); sub-env
+    `faulty` offers no legal action at its third step, the others always do."""
+
+    def __call__(self, faulty: int = 1) -> gym.Env:
+        return MaskedChoice()
+
+    def vector_env(self, n_envs: int, faulty: int = 1) -> gym.vector.VectorEnv:
+        return gym.vector.SyncVectorEnv([_NoLegalActionAtStep3 if i == faulty else MaskedChoice for i in range(n_envs)])
+
+
+vectorized_faulty_choice = _VectorizedFaultyChoice()
+
+
+def test_a_vectorized_env_has_every_mask_checked_and_the_error_names_the_sub_env_and_step():
+    factory = EnvFactory({"_target_": f"{__name__}.vectorized_faulty_choice", "faulty": 2})
+    vector = factory.vector_env(3)
+    assert isinstance(vector, VectorLegalActionCheck)
+    vector.reset(seed=0)
+    vector.step(np.zeros(3, np.int64))
+    vector.step(np.zeros(3, np.int64))
+    with pytest.raises(ValueError, match=r"sub-env 2\), episode step 3: the action mask allows no action"):
+        vector.step(np.zeros(3, np.int64))
+    vector.close()
+
+
+def test_a_vectorized_env_may_end_an_episode_on_a_mask_without_legal_action():
+    """An ended episode's last mask precedes no action (gymnasium's next-step autoreset resets it)."""
+    vector = VectorLegalActionCheck(gym.vector.SyncVectorEnv([lambda: MaskedChoice(episode_steps=5)] * 2), "action_mask", "test")
+    vector.reset(seed=0)
+    illegal = np.zeros(2, np.int64)  # action 0 is often illegal: such a step ends the episode with an empty mask
+    for _ in range(30):
+        _, _, terminated, truncated, _ = vector.step(illegal)
+    assert vector.steps.max() <= 5
+    vector.close()
+
+
+def test_an_env_with_its_mask_in_info_is_never_vectorized():
+    factory = EnvFactory({"_target_": f"{__name__}.vectorized_faulty_choice", "action_mask_key": "info"})
+    assert factory.vector_env(2) is None
 
 
 @pytest.mark.slow

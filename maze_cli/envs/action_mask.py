@@ -88,15 +88,21 @@ def apply_mask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(mask == 0, max(ILLEGAL, torch.finfo(logits.dtype).min))
 
 
+def choices_without_legal_action(mask: np.ndarray, parts: list[int]) -> np.ndarray:
+    """For masks `[..., P]`: which of the choices (`parts`, in order) have no legal action, `[..., len(parts)]`."""
+    starts = np.cumsum([0, *parts[:-1]])
+    return np.stack([~np.any(mask[..., start:start + size], axis=-1) for start, size in zip(starts, parts)], axis=-1)
+
+
 def check_legal(mask: np.ndarray, parts: list[int], where: str) -> None:
-    """Raise if a mask leaves some choice without a legal action (a ValueError naming `where`)."""
-    start = 0
-    for size in parts:
-        if not np.any(mask[..., start:start + size]):
-            raise ValueError(f"{where}: the action mask allows no action"
-                             f"{'' if len(parts) == 1 else f' for entries {start}..{start + size - 1}'}; an env must leave "
-                             f"at least one legal action in every observation it returns")
-        start += size
+    """Raise if a mask `[P]` leaves some choice without a legal action (a ValueError naming `where`)."""
+    empty = choices_without_legal_action(mask, parts)
+    if empty.any():
+        part = int(np.argmax(empty))
+        start = sum(parts[:part])
+        raise ValueError(f"{where}: the action mask allows no action"
+                         f"{'' if len(parts) == 1 else f' for entries {start}..{start + parts[part] - 1}'}; an env must leave "
+                         f"at least one legal action in every observation it returns")
 
 
 class LegalActionCheck(gym.Wrapper):
@@ -120,6 +126,43 @@ class LegalActionCheck(gym.Wrapper):
         if not (terminated or truncated):
             check_legal(np.asarray(observation[self.key]), self.parts, f"env {self.name}, episode step {self.steps}")
         return observation, reward, terminated, truncated, info
+
+
+class VectorLegalActionCheck(gym.vector.VectorWrapper):
+    """`LegalActionCheck` for a vectorized env (its own implementation, or envpool's): every sub-env's
+    mask at every step, but for a sub-env whose episode has just ended (no action follows that
+    observation's mask). The error names the sub-env and its episode step."""
+
+    def __init__(self, env: gym.vector.VectorEnv, key: str, name: str):
+        super().__init__(env)
+        self.key, self.parts, self.name = key, mask_parts(env.single_action_space), name
+        self.steps = np.zeros(env.num_envs, np.int64)  # steps into each sub-env's episode
+        self.ended = np.zeros(env.num_envs, bool)  # which sub-envs' episodes ended at the last step
+
+    def _check(self, observations: dict, live: np.ndarray) -> None:
+        bad = np.flatnonzero(live & choices_without_legal_action(np.asarray(observations[self.key]), self.parts).any(-1))
+        if bad.size:
+            i = int(bad[0])
+            where = "reset" if self.steps[i] == 0 else f"episode step {self.steps[i]}"
+            check_legal(np.asarray(observations[self.key][i]), self.parts, f"env {self.name} (vectorized, sub-env {i}), {where}")
+
+    def reset(self, **kwargs):
+        observations, info = self.env.reset(**kwargs)
+        self.steps[:], self.ended[:] = 0, False
+        self._check(observations, np.ones(self.num_envs, bool))
+        return observations, info
+
+    def step(self, actions):
+        observations, rewards, terminated, truncated, info = self.env.step(actions)
+        # gymnasium's "next step" autoreset: a sub-env that ended at the last step was reset by this one
+        next_step = self.env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP) == gym.vector.AutoresetMode.NEXT_STEP
+        reset = self.ended if next_step else np.zeros(self.num_envs, bool)
+        self.steps = np.where(reset, 0, self.steps + 1)
+        self.ended = np.asarray(terminated) | np.asarray(truncated)
+        if not next_step:
+            self.steps[self.ended] = 0  # same-step autoreset: the observation is already the next episode's first
+        self._check(observations, ~self.ended | ~next_step)
+        return observations, rewards, terminated, truncated, info
 
 
 class InfoActionMask(gym.Wrapper):

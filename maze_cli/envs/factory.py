@@ -10,7 +10,8 @@ from typing import Any, Mapping, Protocol, runtime_checkable
 
 import gymnasium as gym
 
-from maze_cli.envs.action_mask import FROM_INFO, InfoActionMask, LegalActionCheck, find_mask_key, gives_mask_in_info
+from maze_cli.envs.action_mask import (FROM_INFO, InfoActionMask, LegalActionCheck, VectorLegalActionCheck, find_mask_key,
+                                       gives_mask_in_info)
 from maze_cli.envs.core_inputs import PreviousActionReward, adds_inputs
 from maze_cli.envs.info_stats import as_number, check_info_stats
 from maze_cli.envs.mujoco import is_mujoco_id, prepare_mujoco
@@ -323,12 +324,21 @@ class EnvFactory(EnvSource):
     def vector_env(self, n_envs: int) -> gym.vector.VectorEnv | None:
         """`n_envs` copies as the env's own vectorized implementation, or None where there is none,
         where `vectorize` is off, or where it is not the same env: a vector entry point that changes
-        the spaces (ALE's preprocesses frames to 84x84 by default) would not match the policy."""
+        the spaces (ALE's preprocesses frames to 84x84 by default) would not match the policy. An env
+        whose mask comes in `info` is built one by one (the mask is moved per env); one whose
+        observations hold a mask has every step's mask checked, as one env built alone has."""
         if (not self.config.get("vectorize", True) or adds_inputs(self.config.get("core_inputs"))
-                or self.config.get("obs_keys") is not None or self.config.get("wrappers")):
+                or self.config.get("obs_keys") is not None or self.config.get("wrappers")
+                or self.config.get("action_mask_key") == FROM_INFO):
             return None
-        if self.config.get("_target_") is not None:
-            return self._target_vector_env(n_envs)
+        vector = self._target_vector_env(n_envs) if self.config.get("_target_") is not None else self._id_vector_env(n_envs)
+        if vector is None:
+            return None
+        mask_key = self.action_mask_key(vector.single_observation_space, vector.single_action_space)
+        return vector if mask_key is None else VectorLegalActionCheck(vector, mask_key, self.describe())
+
+    def _id_vector_env(self, n_envs: int) -> gym.vector.VectorEnv | None:
+        """The registered id's vector entry point, where it has one that makes the same env."""
         self._register()
         if gym.spec(self.config["id"]).vector_entry_point is None:
             return None
