@@ -136,7 +136,9 @@ class VectorLegalActionCheck(gym.vector.VectorWrapper):
     def __init__(self, env: gym.vector.VectorEnv, key: str, name: str):
         super().__init__(env)
         self.key, self.parts, self.name = key, mask_parts(env.single_action_space), name
-        self.steps = np.zeros(env.num_envs, np.int64)  # steps into each sub-env's episode
+        # gymnasium's "next step" autoreset: a sub-env that ends returns its last observation, and the next step resets it
+        self.next_step = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP) == gym.vector.AutoresetMode.NEXT_STEP
+        self.steps = np.zeros(env.num_envs, np.int64)  # steps into each sub-env's episode (0: its reset)
         self.ended = np.zeros(env.num_envs, bool)  # which sub-envs' episodes ended at the last step
 
     def _check(self, observations: dict, live: np.ndarray) -> None:
@@ -154,14 +156,15 @@ class VectorLegalActionCheck(gym.vector.VectorWrapper):
 
     def step(self, actions):
         observations, rewards, terminated, truncated, info = self.env.step(actions)
-        # gymnasium's "next step" autoreset: a sub-env that ended at the last step was reset by this one
-        next_step = self.env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP) == gym.vector.AutoresetMode.NEXT_STEP
-        reset = self.ended if next_step else np.zeros(self.num_envs, bool)
-        self.steps = np.where(reset, 0, self.steps + 1)
-        self.ended = np.asarray(terminated) | np.asarray(truncated)
-        if not next_step:
-            self.steps[self.ended] = 0  # same-step autoreset: the observation is already the next episode's first
-        self._check(observations, ~self.ended | ~next_step)
+        ended = np.asarray(terminated) | np.asarray(truncated)
+        if self.next_step:  # this step reset the sub-envs that ended at the last; those ending now show their last mask
+            self.steps = np.where(self.ended, 0, self.steps + 1)
+            live = ~ended
+        else:  # same-step autoreset: an ending sub-env's observation is already its next episode's first
+            self.steps = np.where(ended, 0, self.steps + 1)
+            live = np.ones(self.num_envs, bool)
+        self.ended = ended
+        self._check(observations, live)
         return observations, rewards, terminated, truncated, info
 
 
