@@ -72,12 +72,15 @@ class Learner:
     :param compile: compile the objective's loss functions (its `compiled` methods).
     :param compile_mode: torch.compile's mode (default, reduce-overhead: CUDA graphs, max-autotune).
     :param group: this learner's place among several data-parallel learners (None: the only learner).
-    :param max_env_steps: the run's budget, over which annealed lrs fall to 0.
+    :param max_env_steps: the run's budget of env steps, over which annealed lrs fall to 0.
+    :param max_time_s: the run's budget of seconds (None: none). Where it is set, a schedule follows
+        whichever of the two budgets is nearer its end, so that an annealed lr reaches 0 when the run
+        stops on time (a run on a time budget alone sets a large max_env_steps).
     """
 
     def __init__(self, objective: Objective | None = None, device: str | torch.device = "cpu", precision: str = "fp32",
                  compile: bool = False, compile_mode: str = "default", group: LearnerGroup | None = None,
-                 max_env_steps: int | None = None):
+                 max_env_steps: int | None = None, max_time_s: float | None = None):
         if precision not in PRECISIONS and precision != "auto":
             raise ValueError(f"precision={precision}: must be auto or one of {', '.join(PRECISIONS)}")
         self.device = torch.device(device)
@@ -93,6 +96,9 @@ class Learner:
         if group is not None:
             group.use_device(self.device)
         self.max_env_steps = max_env_steps
+        self.max_time_s = max_time_s
+        self._time_before = 0.0  # seconds of updating in the sessions before this one (resume)
+        self._first_update_at: float | None = None
         self.updates = 0  # updates made (what `Step.ends_update` marks)
         self.env_steps = 0  # env steps consumed by every learner together, for the schedules
         self.objective = objective
@@ -125,16 +131,28 @@ class Learner:
         """How many learners train together (each on its own batches)."""
         return 1 if self.group is None else self.group.world_size
 
+    @property
+    def time_s(self) -> float:
+        """Seconds since this learner's first update, those of earlier sessions included: the clock
+        of a time budget (startup is not charged, as the trainer does not charge it either)."""
+        if self._first_update_at is None:
+            return self._time_before
+        return self._time_before + time.perf_counter() - self._first_update_at
+
     def progress_left(self) -> float:
-        """1 at the start of the budget, 0 at its end (what an annealed lr, and PPO's clip, are scaled by)."""
-        if not self.max_env_steps:
-            return 1.0
-        return max(0.0, 1.0 - self.env_steps / self.max_env_steps)
+        """1 at the start of the budget, 0 at its end (what an annealed lr, and PPO's clip, are scaled by):
+        of the env steps' and the seconds' budgets, the one nearer its end."""
+        spent = self.env_steps / self.max_env_steps if self.max_env_steps else 0.0
+        if self.max_time_s:
+            spent = max(spent, self.time_s / self.max_time_s)
+        return max(0.0, 1.0 - spent)
 
     # -- an update ----------------------------------------------------------------------------------
     def update(self, batch: Any) -> dict[str, Any]:
         """The objective's steps on one batch, counted, checked and recorded; returns the batch's
         metrics (tensors, also recorded for the epoch's row)."""
+        if self._first_update_at is None:
+            self._first_update_at = time.perf_counter()
         self._schedule_lr()
         steps = [self._take_step(step) for step in self.objective.steps(batch)]
         self.env_steps += self.objective.env_steps(batch) * self.world_size
@@ -276,6 +294,7 @@ class Learner:
             "optimizers": self.optimizer_state(),
             "updates": self.updates,
             "env_steps": self.env_steps,
+            "time_s": self.time_s,
             "algorithm": self.objective.extra_state(),
         }
 
@@ -285,6 +304,7 @@ class Learner:
         self.load_training_state(state)
         self.updates = state["updates"]
         self.env_steps = state["env_steps"]
+        self._time_before, self._first_update_at = state.get("time_s", 0.0), None  # absent from older checkpoints
         self.objective.load_extra_state(state["algorithm"])
 
     def load_training_state(self, state: Mapping[str, Any]) -> None:

@@ -204,3 +204,46 @@ def test_anneal_lr_lowers_the_lr_linearly_over_the_budget_and_is_saved_in_checkp
     restored.load_state_dict(annealed.state_dict())
     restored.update(batch)
     assert restored.env_steps == 6 * steps and restored.groups["policy"].optimizer.param_groups[0]["lr"] == 0.0
+
+
+def test_anneal_lr_follows_a_time_budget_that_ends_first_and_a_resume_goes_on_from_its_seconds(monkeypatch):
+    """With `max_time_s` set, the lr falls with the seconds of training where they run out before the
+    env steps (a run on a time budget alone would otherwise keep its lr); a restored learner counts on
+    from the seconds its checkpoint holds, not from 0."""
+    import maze_cli.learner as learner_module
+    from maze_cli.algorithms.ppo import Ppo, PpoObjective
+    from maze_cli.learner import Learner
+    from maze_cli.policies import ActorCritic, mlp_network
+
+    clock = [100.0]
+    monkeypatch.setattr(learner_module.time, "perf_counter", lambda: clock[0])
+    batch = learner_cases.rollout(learner_cases.CARTPOLE)
+
+    def make(max_time_s):
+        policy = ActorCritic(*learner_cases.CARTPOLE, mlp_network((8,)))
+        return Learner(PpoObjective(policy, Ppo(lr=1e-3, anneal_lr=True, n_minibatches=2)), max_env_steps=10**9,
+                       max_time_s=max_time_s)
+
+    def lr(learner):
+        return learner.groups["policy"].optimizer.param_groups[0]["lr"]
+
+    learner = make(max_time_s=40.0)
+    lrs = []
+    for _ in range(3):
+        learner.update(batch)  # the clock starts at the first update
+        lrs.append(lr(learner))
+        clock[0] += 10.0
+    assert lrs == pytest.approx([1e-3, 0.75e-3, 0.5e-3])
+    restored = make(max_time_s=40.0)
+    restored.load_state_dict(learner.state_dict())  # 30 s of training behind it
+    clock[0] += 500.0  # startup of the resumed session is not charged
+    restored.update(batch)
+    assert lr(restored) == pytest.approx(0.25e-3)
+    clock[0] += 20.0
+    restored.update(batch)
+    assert lr(restored) == 0.0
+    untimed = make(max_time_s=None)
+    untimed.update(batch)
+    clock[0] += 1e6
+    untimed.update(batch)
+    assert lr(untimed) == pytest.approx(1e-3, rel=1e-6)  # only the env-step budget, hardly begun

@@ -39,7 +39,8 @@ class Components:
     `action_mask_key`: the observation key of the action mask that `env.action_mask_key` names or that was
     found (None: no mask); an algorithm hands it to its policy, which applies it to every distribution.
     `learner` holds the options of the shared learner (`maze_cli.learner.Learner`: precision,
-    compile, compile_mode) that an algorithm passes on to its learner unchanged.
+    compile, compile_mode, the budget its schedules anneal over) that an algorithm passes on to its
+    learner unchanged.
     """
 
     env_factory: EnvSource
@@ -51,7 +52,6 @@ class Components:
     device: str
     seed: int
     load_policy: Callable[[str, str], Any]
-    max_env_steps: int | None = None  # the run's budget (what schedules anneal over)
     action_mask_key: str | None = None  # the observation key of the action mask (`maze_cli.envs.action_mask`), if any
     learner: dict[str, Any] = field(default_factory=dict)
 

@@ -34,7 +34,7 @@ class OptimizerGroup:
     :param loss: the name of this group's loss among the metrics (what a non-finite loss is reported as).
     :param max_grad_norm: clip the group's joint gradient norm; its norm before clipping becomes the
         metric `grad_norm` (`grad_norm/<group>` where several groups clip).
-    :param anneal: the lr falls linearly to 0 over the run's budget (`max_env_steps`).
+    :param anneal: the lr falls linearly to 0 over the run's budget (`max_env_steps`, or `max_time_s` where that ends first).
     """
 
     params: list[nn.Parameter]

@@ -44,7 +44,7 @@ class ImpalaConfig:
     # learn faster without it (their tuning files turn it off; benchmarks/SUITE.md)
     normalize_advantage: bool = True
     max_grad_norm: float = option(0.5, gt=0)  # gradient clipping by global norm
-    anneal_lr: bool = False  # lr falls linearly to 0 over max_env_steps
+    anneal_lr: bool = False  # lr falls linearly to 0 over the budget: max_env_steps, or max_time_s where that ends first
     adam_eps: float = option(1e-5, gt=0)  # Adam's epsilon
     shared_network: bool = False  # one policy network for the action and value heads (true) or one each
     # vector observations normalized by a running mean/std (updated by the learner from every actor's data,
@@ -144,8 +144,7 @@ class Impala(ImpalaConfig, Algorithm):
         kwargs = {"network": parts.network, "shared_network": self.shared_network, "normalize_obs": normalize_obs,
                   "action_mask_key": parts.action_mask_key}
         policy, blueprint = grouped_policy(ActorCritic, parts, kwargs, {"log_std_init": self.log_std_init})
-        learner = Learner(ImpalaObjective(policy, self, normalize_reward), parts.device, max_env_steps=parts.max_env_steps,
-                          **parts.learner)
+        learner = Learner(ImpalaObjective(policy, self, normalize_reward), parts.device, **parts.learner)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps)
         return Run(OnPolicyLoop(actors, learner), actors, learner, blueprint)
 

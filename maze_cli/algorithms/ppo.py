@@ -53,7 +53,7 @@ class PpoConfig:
     entropy_coef: float = option(0.0, ge=0)  # weight of the entropy bonus
     max_grad_norm: float = option(0.5, gt=0)  # gradient clipping by global norm
     target_kl: Optional[float] = option(None, gt=0)  # stop the batch's passes once a minibatch's approx. KL exceeds 1.5 x this
-    anneal_lr: bool = False  # lr falls linearly to 0 over max_env_steps
+    anneal_lr: bool = False  # lr falls linearly to 0 over the budget: max_env_steps, or max_time_s where that ends first
     anneal_clip: bool = False  # clip_range likewise
     adam_eps: float = option(1e-5, gt=0)  # Adam's epsilon
     shared_network: bool = False  # one policy network for the action and value heads (true) or one each
@@ -273,7 +273,7 @@ class Ppo(PpoConfig, Algorithm):
                   "action_mask_key": parts.action_mask_key}
         policy, blueprint = grouped_policy(ActorCritic, parts, kwargs, {"log_std_init": self.log_std_init})
         objective = PpoObjective(policy, self, normalize_reward, vtrace_targets=isinstance(self, Appo))
-        learner = Learner(objective, parts.device, max_env_steps=parts.max_env_steps, **parts.learner)
+        learner = Learner(objective, parts.device, **parts.learner)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps, **actor_options)
         return Run(OnPolicyLoop(actors, learner), actors, learner, blueprint)
 

@@ -100,9 +100,10 @@ def build_run(settings: Settings, env_factory: EnvFactory, observation_space: gy
         env_factory=env_factory, observation_space=observation_space, action_space=action_space,
         network=_network_config(settings, algorithm), make_actors=_actors_factory(settings, algorithm, env_factory, rank, world_size),
         make_replay_buffer=_replay_buffer_factory(settings, rank), device=learner_device(settings.train.device, rank, world_size),
-        seed=seed, load_policy=load_policy, max_env_steps=settings.train.max_env_steps,
+        seed=seed, load_policy=load_policy,
         action_mask_key=env_factory.action_mask_key(observation_space, action_space),
-        learner={"precision": options.precision, "compile": options.compile, "compile_mode": options.compile_mode, "group": group},
+        learner={"precision": options.precision, "compile": options.compile, "compile_mode": options.compile_mode, "group": group,
+                 "max_env_steps": settings.train.max_env_steps, "max_time_s": settings.train.max_time_s},
     )
     return dataclasses.replace(algorithm.build(parts), epoch_length=settings.train.epoch_length or algorithm.epoch_length)
 
