@@ -43,6 +43,34 @@ def test_the_learner_unrolls_a_recurrent_policy_exactly_as_the_actors_stepped_it
     assert not torch.allclose(policy.distribution.log_prob(fresh.params[:5], batches[1].actions), batches[1].behaviour_logp, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_recurrent_core_unrolls_each_span_between_episode_starts_in_one_call_as_it_steps(kind):
+    """The learner's unroll (one fused call per span no episode start cuts) gives the outputs, final
+    state and gradients of stepping the cell one step at a time, resets at the first step included;
+    under bf16 autocast it keeps the state in fp32, as the actors carry it."""
+    from maze_cli.policies.cores import RecurrentCore, _spans_between_resets
+
+    torch.manual_seed(0)
+    core = RecurrentCore(6, 8, kind)
+    x = torch.randn(12, 5, 6, requires_grad=True)
+    episode_start = torch.zeros(12, 5, dtype=torch.bool)
+    episode_start[0, 1] = episode_start[4, 0] = episode_start[4, 3] = episode_start[9, 2] = True
+    assert _spans_between_resets(episode_start, 12) == [(0, 4), (4, 9), (9, 12)]
+    state = tuple(torch.randn(5, 8) for _ in range(2 if kind == "lstm" else 1))
+    results = []
+    for unroll in (core.forward, core._forward_stepwise):
+        out, final = unroll(x, state, episode_start)
+        grads = torch.autograd.grad(out.square().sum() + sum(s.sum() for s in final), [x, *core.parameters()])
+        results.append((out, final, grads))
+    (out, final, grads), (out_steps, final_steps, grads_steps) = results
+    torch.testing.assert_close(out, out_steps, atol=1e-6, rtol=1e-5)
+    for a, b in zip((*final, *grads), (*final_steps, *grads_steps)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_bf16, final_bf16 = core(x.to(torch.bfloat16), state, episode_start)
+    assert out_bf16.dtype == torch.float32 and all(s.dtype == torch.float32 for s in final_bf16)
+
+
 def test_episode_starts_mark_the_first_observation_of_each_episode():
     env_fn = partial(CountingEnv, length=4)
     policy = ActorCritic(env_fn().observation_space, env_fn().action_space, mlp_network((8,)))

@@ -54,17 +54,38 @@ class RecurrentCore(nn.Module):
             raise ConfigError(f"a recurrent core takes time-major features [T, B, F], got shape {tuple(x.shape)}")
         if not state:
             state = self.initial_state(x.shape[1])
+        if torch.compiler.is_compiling():  # the split below reads the resets' steps: a graph break
+            return self._forward_stepwise(x, state, episode_start)
+        outputs = []
+        for start, end in _spans_between_resets(episode_start, x.shape[0]):
+            if episode_start is not None:
+                state = _reset(state, episode_start[start], x.dtype)
+            out, state = self._unroll(x[start:end], state)
+            outputs.append(out)
+        return torch.cat(outputs) if len(outputs) > 1 else outputs[0], state
+
+    def _unroll(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """The cell over `[T, B, F]` with no reset inside, in one call of torch's fused LSTM/GRU
+        (the cell's weights, laid out as nn.LSTM's and nn.GRU's): a learner's unroll costs one call
+        per span between episode starts rather than one per step, forward and backward. It runs in
+        the weights' precision, as the cell does under autocast: a state carried over many steps in
+        bf16 would drift from the one the actors carried."""
+        cell = self.cell
+        weights = [cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh]
+        hidden = tuple(s.unsqueeze(0).to(cell.weight_hh.dtype) for s in state)
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.to(cell.weight_hh.dtype)
+            if self.kind == "lstm":
+                out, h, c = torch.lstm(x, hidden, weights, True, 1, 0.0, self.training, False, False)
+                return out, (h[0], c[0])
+            out, h = torch.gru(x, hidden[0], weights, True, 1, 0.0, self.training, False, False)
+            return out, (h[0],)
+
+    def _forward_stepwise(self, x: torch.Tensor, state: State, episode_start: torch.Tensor | None) -> tuple[torch.Tensor, State]:
+        """`forward` as one cell call per step: what torch.compile traces (no data-dependent split)."""
         outputs = []
         for t in range(x.shape[0]):
-            if episode_start is not None:
-                keep = (~episode_start[t]).to(x.dtype).unsqueeze(-1)
-                state = tuple(s * keep for s in state)
-            if self.kind == "lstm":
-                h, c = self.cell(x[t], state)
-                state = (h, c)
-            else:
-                h = self.cell(x[t], state[0])
-                state = (h,)
+            h, state = self.step(x[t], state, None if episode_start is None else episode_start[t])
             outputs.append(h)
         return torch.stack(outputs), state
 
@@ -72,14 +93,28 @@ class RecurrentCore(nn.Module):
         """One step of features `[B, F]` (acting): `forward` for a rollout of length 1, without its loop."""
         if not state:
             state = self.initial_state(x.shape[0])
-        if episode_start is not None:  # as in forward (a multiply: cheaper than masked_fill on CPU)
-            keep = (~episode_start).to(x.dtype).unsqueeze(-1)
-            state = tuple(s * keep for s in state)
+        if episode_start is not None:
+            state = _reset(state, episode_start, x.dtype)
         if self.kind == "lstm":
             h, c = self.cell.forward(x, state)
             return h, (h, c)
         h = self.cell.forward(x, state[0])
         return h, (h,)
+
+
+def _reset(state: State, episode_start: torch.Tensor, dtype: torch.dtype) -> State:
+    """The state zeroed where an episode starts (a multiply: cheaper than masked_fill on CPU)."""
+    keep = (~episode_start).to(dtype).unsqueeze(-1)
+    return tuple(s * keep for s in state)
+
+
+def _spans_between_resets(episode_start: torch.Tensor | None, n_steps: int) -> list[tuple[int, int]]:
+    """`[start, end)` spans of the time axis that no episode start of any env cuts after their first step."""
+    if episode_start is None:
+        return [(0, n_steps)]
+    cuts = (torch.nonzero(episode_start[1:].any(dim=1)).flatten() + 1).tolist()
+    bounds = [0, *cuts, n_steps]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def make_core(kind: str, in_dim: int, size: int | None) -> nn.Module:
