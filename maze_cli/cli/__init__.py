@@ -13,3 +13,18 @@ def leave_quickly() -> None:
     exit handlers, module teardown and the flushing of open files still run as usual.
     """
     atexit.register(gc.freeze)
+
+
+def train_main() -> None:
+    """Console script `train`. A bare `train --help` is printed from the packaged config alone, in a
+    fraction of a second; every other command line goes to maze_cli.cli.train."""
+    import sys
+
+    if sys.argv[1:] in (["--help"], ["-h"]):
+        from maze_cli.cli.help_page import train_help
+
+        print(train_help())
+        return
+    from maze_cli.cli.train import main
+
+    main()

@@ -19,10 +19,11 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from maze_cli.cli import leave_quickly, resume
 from maze_cli.cli.errors import explain, exit_code
+from maze_cli.cli.help_page import register_help_resolver
 from maze_cli.cli.paths import RUN_DIR_FIX, config_dir
 from maze_cli.cli.sweep import objective
 from maze_cli.config.schema import NoEnvError, register_configs, validate
@@ -32,15 +33,7 @@ from maze_cli.interrupts import Terminated
 
 log = logging.getLogger("maze_cli")
 register_configs()  # the schemas the packaged YAML files extend (also in sweep workers, which import this)
-
-
-def _group_options(group: str, default: str) -> str:
-    """`${maze_options:<group>,<default>}` in the help: the group's packaged options, the default first."""
-    names = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
-    return ", ".join([f"{default} (default)", *(n for n in names if n != default)])
-
-
-OmegaConf.register_new_resolver("maze_options", _group_options, replace=True)
+register_help_resolver()
 
 
 def _env_options() -> list[str]:
