@@ -186,7 +186,9 @@ def report(args) -> None:
     groups: dict[tuple, list[dict]] = {}
     for r in records:  # a candidate's overrides make a side of their own
         side = " ".join([r["side"], *r["overrides"]])
-        groups.setdefault((r["algorithm"], r["env"], side, r["budget"]), []).append(r)
+        runs = groups.setdefault((r["algorithm"], r["env"], side, r["budget"]), [])
+        if all(run["seed"] != r["seed"] for run in runs):  # a seed run again (e.g. alone, for its time) counts once: its first run
+            runs.append(r)
     for (algorithm, env_id, side, budget), runs in sorted(groups.items()):
         runs = sorted(runs, key=lambda r: r["seed"])
         values = [final(r, None) for r in runs]
