@@ -16,22 +16,18 @@ from maze_cli.stats.writers import read_rows
 TIMING_KEYS = ("time_s", "sps", "queue_size", "actor_idle_frac")
 
 
-def is_timing(key: Any) -> bool:
-    """Whether a row's key, or one of the learner state's, holds a time, a speed, or how full the queue
-    or how idle the actors were: what depends on timing."""
-    return isinstance(key, str) and (key in TIMING_KEYS or key.startswith("time/") or key.endswith("_s"))
-
-
 def without_timings(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows without what depends on timing."""
-    return [{k: v for k, v in row.items() if not is_timing(k)} for row in rows]
+    """Rows without what depends on timing: times, speeds, and how full the queue or how idle the actors were."""
+    return [{k: v for k, v in row.items() if k not in TIMING_KEYS and not k.startswith("time/") and not k.endswith("_s")}
+            for row in rows]
 
 
 def learner_state(run_dir: Path) -> torch.Tensor:
     """Every tensor and number of last.pt's learner state (weights, optimizer moments, counters),
-    flattened in a fixed order; its seconds of training (what a time budget's schedule follows) left out."""
+    flattened in a fixed order; its seconds of training (`time_s`, what a time budget's schedule
+    follows) left out, as the rows' times are."""
     saved = torch.load(Path(run_dir) / "checkpoints" / "last.pt", weights_only=True)
-    return torch.cat(list(_flat(saved["learner"])))
+    return torch.cat(list(_flat({k: v for k, v in saved["learner"].items() if k != "time_s"})))
 
 
 def _flat(tree: Any) -> Iterator[torch.Tensor]:
@@ -41,8 +37,7 @@ def _flat(tree: Any) -> Iterator[torch.Tensor]:
         yield torch.tensor([float(tree)], dtype=torch.float64)
     elif isinstance(tree, dict):
         for key in sorted(tree, key=str):
-            if not is_timing(key):
-                yield from _flat(tree[key])
+            yield from _flat(tree[key])
     elif isinstance(tree, (list, tuple)):
         for item in tree:
             yield from _flat(item)
