@@ -124,7 +124,7 @@ def sb3_curve(algorithm: str, env_id: str, seed: int, max_env_steps: int, minute
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(2 if algorithm == "sac" else 1)  # SAC: the threads of maze_cli's SAC learner (tuning/mujoco_sac.yaml)
     venv = DummyVecEnv([lambda: gym.make(env_id)])
     if algorithm == "ppo":
         venv = VecNormalize(venv)
@@ -161,22 +161,34 @@ def sb3_curve(algorithm: str, env_id: str, seed: int, max_env_steps: int, minute
         return float(np.mean(returns))
 
     class Cadence(BaseCallback):
+        """An evaluation every `eval_every` env steps, and one when the time budget ends (maze_cli's
+        trainer makes its last evaluation as its clock stops it too)."""
+
         def _on_step(self) -> bool:
-            if self.num_timesteps % eval_every == 0:
-                training_s = time.perf_counter() - start  # evaluations included, as maze_cli's time_s
+            training_s = time.perf_counter() - start  # evaluations included, as maze_cli's time_s
+            out_of_time = bool(minutes) and training_s >= minutes * 60
+            if self.num_timesteps % eval_every == 0 or out_of_time:
                 curve.append((self.num_timesteps, training_s, evaluate()))
                 print(f"  {self.num_timesteps:,} steps, {training_s:.0f} s: {curve[-1][2]:.1f}", file=sys.stderr, flush=True)
-                if minutes and training_s >= minutes * 60:
-                    return False
-            return True
+            return not out_of_time
 
     model.learn(total_timesteps=max_env_steps if not minutes else 100_000_000, callback=Cadence())
     return curve, time.perf_counter() - start
 
 
-def final(record: dict, max_steps: int | None) -> float:
-    curve = [c for c in record["curve"] if max_steps is None or c[0] <= max_steps]
-    return curve[-1][2]
+def within_budget(record: dict) -> list:
+    """The run's evaluations within its budget: for a time budget, those stamped by its end (1% slack: a
+    run's last evaluation is stamped a moment after the clock stops it), whichever side ran past it."""
+    budget = record["budget"]
+    if not budget.endswith(" min"):
+        return record["curve"]
+    seconds = float(budget.split()[0]) * 60 * 1.01
+    return [c for c in record["curve"] if c[1] <= seconds] or record["curve"][:1]
+
+
+def final(record: dict) -> list:
+    """A run's figure: its last evaluation within the budget, (env steps, seconds, mean return)."""
+    return within_budget(record)[-1]
 
 
 def report(args) -> None:
@@ -191,9 +203,9 @@ def report(args) -> None:
             runs.append(r)
     for (algorithm, env_id, side, budget), runs in sorted(groups.items()):
         runs = sorted(runs, key=lambda r: r["seed"])
-        values = [final(r, None) for r in runs]
-        seeds = ", ".join(f"s{r['seed']}: {v:,.0f} ({r['curve'][-1][0] / 1e3:,.0f}k, {r['curve'][-1][1] / 60:.1f} min)"
-                          for r, v in zip(runs, values))
+        finals = [final(r) for r in runs]
+        values = [f[2] for f in finals]
+        seeds = ", ".join(f"s{r['seed']}: {f[2]:,.0f} ({f[0] / 1e3:,.0f}k, {f[1] / 60:.1f} min)" for r, f in zip(runs, finals))
         if len(values) >= 2:
             mean, iqm, lo, hi, (mean_lo, mean_hi) = iqm_with_interval(values)
             mean_text, iqm_text = f"{mean:,.0f} [{mean_lo:,.0f}, {mean_hi:,.0f}]", f"{iqm:,.0f} [{lo:,.0f}, {hi:,.0f}]"
@@ -222,7 +234,7 @@ def plot(groups: dict, path: Path) -> None:
                 continue
             color = "tab:blue" if side == "maze_cli" else "tab:orange" if side == "sb3" else None
             for i, r in enumerate(sorted(runs, key=lambda r: r["seed"])):
-                steps, _, returns = zip(*r["curve"])
+                steps, _, returns = zip(*within_budget(r))
                 ax.plot(np.asarray(steps) / 1e6, returns, color=color, alpha=0.8, lw=1,
                         label=f"{side} ({budget}, {len(runs)} seed{'s' * (len(runs) > 1)})" if i == 0 else None)
         if (algorithm, env_id) in PUBLISHED:
