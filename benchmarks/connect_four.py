@@ -7,7 +7,7 @@ lookahead player within a wall-clock budget, every seed.
     python benchmarks/connect_four.py --final-games 400 --final-for 3 /tmp/run-3/checkpoints/last.pt
 
 
-`+env=connect_four` takes the settings of every turn-based game (PPO, tuning/board_game_ppo.yaml); each
+`+env=connect_four` takes the settings of every turn-based game (APPO, tuning/board_game_appo.yaml); each
 entry names the algorithm that ran. The rule: `max_time_s` of training (evaluations included), `eval.episodes` games against each opponent per
 evaluation, half in each seat; a run's figure is its last evaluation, and its best is given beside it.
 The final policy (`last.pt`) then plays `--final-games` games against each opponent with `rollout`, outside
