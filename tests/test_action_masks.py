@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from maze_cli.algorithms.dqn import DqnPolicy
+from maze_cli.algorithms.impala import vtrace
+from maze_cli.algorithms.on_policy import gae, value_forced_steps
 from maze_cli.algorithms.sac import SacPolicy
 from maze_cli.envs.action_mask import LegalActionCheck, VectorLegalActionCheck, apply_mask, find_mask_key
 from maze_cli.envs.factory import EnvFactory
@@ -143,6 +145,76 @@ def test_the_learner_skips_steps_with_one_legal_action_and_gets_the_same_loss_an
         acted[skip] = net.act(flat)[:2]
     assert seen == [(int((~forced).sum()),)]
     assert torch.equal(acted[True][0], acted[False][0]) and torch.allclose(acted[True][1], acted[False][1], atol=1e-6)
+
+
+def test_the_learner_values_forced_steps_by_their_rewards_and_its_value_network_sees_the_free_steps_alone():
+    """PPO's and APPO's learner skip the value network too where a step has one legal action
+    (`value_forced=False`): those steps' values are 0 and the others' are what the full pass gives."""
+    torch.manual_seed(4)
+    T, B = 5, 32
+    mask = _masks(6, T * B, seed=6)
+    forced = torch.rand(T * B) < 0.5
+    mask[forced] = 0
+    mask[forced, 0] = 1
+    forced |= (mask != 0).sum(-1) == 1
+    obs = {"obs": torch.randn(T, B, 8), "action_mask": mask.reshape(T, B, 6)}
+    space = gym.spaces.Dict({"obs": gym.spaces.Box(-10, 10, (8,)), "action_mask": gym.spaces.MultiBinary(6)})
+    net = ActorCritic(space, gym.spaces.Discrete(6), NETWORK, action_mask_key="action_mask")
+    seen = []
+    net.value_network.register_forward_hook(lambda module, args, out: seen.append(args[0]["obs"].shape[:-1]))
+    full = net(obs)
+    assert seen == [(T, B)]
+    seen.clear()
+    skipped = net(obs, value_forced=False)
+    assert seen == [(1, int((~forced).sum()))]
+    assert torch.equal(net.valued_steps(obs), ~forced.reshape(T, B))
+    assert (skipped.values.reshape(-1)[forced] == 0).all()
+    assert torch.allclose(skipped.values.reshape(-1)[~forced], full.values.reshape(-1)[~forced], atol=1e-6)
+    assert torch.allclose(skipped.params, full.params, atol=1e-6)
+    no_mask = ActorCritic(space, gym.spaces.Discrete(6), NETWORK)
+    assert no_mask.valued_steps(obs) is None  # nothing skipped: the learner values every step as before
+
+
+def _two_seat_rows(T: int, B: int, gamma: float, seed: int):
+    """Rows of a two-seat game's seat: free and forced steps alternating from a random phase, episodes
+    ending at random, and values that hold the Bellman equation of a forced step exactly."""
+    g = torch.Generator().manual_seed(seed)
+    phase = torch.randint(2, (B,), generator=g)
+    valued = (torch.arange(T + 1).unsqueeze(1) + phase) % 2 == 0  # [T+1, B]
+    rewards = torch.randn(T, B, generator=g)
+    dones = torch.rand(T, B, generator=g) < 0.15
+    discounts = gamma * (~dones).float()
+    values = torch.randn(T + 1, B, generator=g)
+    for t in range(T - 1, -1, -1):
+        values[t] = torch.where(valued[t], values[t], rewards[t] + discounts[t] * values[t + 1])
+    return valued, rewards, discounts, values
+
+
+def test_forced_steps_valued_by_their_rewards_give_the_targets_of_a_value_that_knows_them():
+    """Where the rollout's last observation has a choice, GAE and V-trace on the filled values are those of
+    the exact values on every step; where it is forced, the row ends at its last step with a choice."""
+    T, B, gamma, lam = 9, 64, 0.9, 0.8
+    valued, rewards, discounts, exact = _two_seat_rows(T, B, gamma, seed=1)
+    forced = value_forced_steps(torch.where(valued, exact, torch.zeros(())), valued, rewards, discounts)
+    whole = valued[T]
+    assert whole.any() and (~whole).any()
+    assert torch.allclose(forced.values[:, whole], exact[:, whole])
+    assert forced.kept[:, whole].all()
+    logp = torch.randn(T, B, generator=torch.Generator().manual_seed(2)) * 0.1
+    logp = torch.where(valued[:T], logp, torch.zeros(()))  # a forced step's log-prob is 0 for every policy
+    exact_gae = gae(rewards, exact[:T], exact[T], discounts, lam)
+    filled_gae = gae(forced.rewards, forced.values[:T], forced.values[T], forced.discounts, lam)
+    assert torch.allclose(filled_gae[:, whole], exact_gae[:, whole], atol=1e-5)
+    exact_vs = vtrace(torch.zeros(T, B), logp, rewards, exact[:T], exact[T], discounts).vs
+    filled_vs = vtrace(torch.zeros(T, B), logp, forced.rewards, forced.values[:T], forced.values[T], forced.discounts).vs
+    assert torch.allclose(filled_vs[:, whole], exact_vs[:, whole], atol=1e-5)
+    for b in (~whole).nonzero().squeeze(1).tolist():  # forced x_T: the row as a rollout of L steps, bootstrapped by V(x_L)
+        last = int(valued[:T, b].nonzero().max())
+        assert forced.kept[:, b].tolist() == [t < last for t in range(T)]
+        if last == 0:
+            continue
+        short = gae(rewards[:last, b:b + 1], exact[:last, b:b + 1], exact[last, b:b + 1], discounts[:last, b:b + 1], lam)
+        assert torch.allclose(filled_gae[:last, b:b + 1], short, atol=1e-5)
 
 
 def test_mask_keys_that_cannot_be_masks_are_refused_naming_the_key_and_the_fix():

@@ -4,6 +4,7 @@ with truncated episodes bootstrapped, GAE, averages over real steps, and the nor
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -169,3 +170,40 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, bootstrap_value: torch.Tens
         acc = deltas[t] + discounts[t] * lam * acc
         advantages[t] = acc
     return advantages
+
+
+@dataclass(frozen=True)
+class ForcedValues:
+    """A batch's values and targets' inputs with the forced steps (one legal action) valued by their rewards."""
+
+    values: torch.Tensor  # V(x_0..x_T), [T+1, B]
+    rewards: torch.Tensor  # [T, B]
+    discounts: torch.Tensor  # [T, B]
+    kept: torch.Tensor  # the steps with a target, [T, B] bool
+
+
+@torch.no_grad()
+def value_forced_steps(values: torch.Tensor, valued: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor) -> ForcedValues:
+    """The values of the steps the value network skipped (`valued` false, `[T+1, B]`), by the Bellman
+    equation of a step without a choice, computed backwards:
+
+        V(x_t) = r_t + gamma_t V(x_{t+1})
+
+    For a forced action this is exact in expectation (the one action's reward plus the next state's
+    value), so such a step's TD error is 0 and GAE and V-trace pass through it to the last choice before
+    it: in a two-seat game the value network then runs on the seat to move alone, half the rows.
+    A row whose last observation x_T is itself forced has no V(x_T) to start from: it ends at its last
+    valued step L instead (reward V(x_L), discount 0, as if the rollout had stopped there), and the steps
+    L..T-1, which have no target then, are left out of the losses (`kept` false)."""
+    T = rewards.shape[0]
+    values, rewards, discounts = values.clone(), rewards.clone(), discounts.clone()
+    for t in range(T - 1, -1, -1):
+        values[t] = torch.where(valued[t], values[t], rewards[t] + discounts[t] * values[t + 1])
+    steps = torch.arange(T, device=values.device).unsqueeze(1)
+    last_valued = torch.where(valued[:T], steps, -1).amax(0)  # [B], -1 where no step of the row is valued
+    cut = ~valued[T]
+    at_end = cut & (steps == last_valued)
+    rewards = torch.where(at_end, values[:T], rewards)
+    discounts = torch.where(at_end, torch.zeros_like(discounts), discounts)
+    kept = ~(cut & (steps >= last_valued))
+    return ForcedValues(values, rewards, discounts, kept)

@@ -24,7 +24,8 @@ import torch
 from maze_cli.algorithms.base import Algorithm, Components, Run
 from maze_cli.algorithms.contract import Step
 from maze_cli.algorithms.impala import vtrace
-from maze_cli.algorithms.on_policy import ActorCriticObjective, OnPolicyLoop, gae, masked_mean, normalization, normalized_advantages
+from maze_cli.algorithms.on_policy import (ActorCriticObjective, OnPolicyLoop, gae, masked_mean, normalization,
+                                           normalized_advantages, value_forced_steps)
 from maze_cli.config.schema import option, register_schema
 from maze_cli.learner import Learner
 from maze_cli.policies.actor_critic import ActorCritic
@@ -100,6 +101,9 @@ class Targets:
     advantages: torch.Tensor  # [T, B]
     returns: torch.Tensor  # value targets, [T, B]
     old_values: torch.Tensor  # V(x_t) before this batch's update, [T, B]
+    trained: torch.Tensor  # the real steps the losses average over, [T, B] bool
+    value_trained: torch.Tensor  # those the value loss takes: all of them, or those with a choice (`skip_forced`)
+    skip_forced: bool = False  # the value network skips steps with one legal action (ActorCritic.valued_steps)
 
 
 class PpoObjective(ActorCriticObjective):
@@ -119,21 +123,32 @@ class PpoObjective(ActorCriticObjective):
 
     @torch.no_grad()
     def targets(self, batch: Rollout) -> Targets:
-        """Advantages and value targets of the whole batch, under the policy before the update."""
+        """Advantages and value targets of the whole batch, under the policy before the update. Where the
+        policy skips the value network on forced steps (a turn-based game's passes), their values come
+        from their rewards (`value_forced_steps`), and the value loss leaves them out."""
         hp, T = self.hp, batch.n_steps
         rewards = self.rewards(batch)
-        with self.learner.autocast():
-            out = self.policy(batch.observations, batch.initial_state, batch.episode_start)
-        values, bootstrap_value = out.values[:T].float(), out.values[T].float()
         discounts = hp.gamma * (~batch.dones).float()
+        real = ~batch.autoreset
+        valued = self.policy.valued_steps(batch.observations, batch.initial_state)
+        with self.learner.autocast():
+            out = self.policy(batch.observations, batch.initial_state, batch.episode_start,
+                              **({} if valued is None else {"value_forced": False}))
+        values_all, trained, value_trained = out.values.float(), real, real
+        if valued is not None:
+            forced = value_forced_steps(values_all, valued, rewards, discounts)
+            values_all, rewards, discounts = forced.values, forced.rewards, forced.discounts
+            trained = real & forced.kept
+            value_trained = trained & valued[:T]
+        values, bootstrap_value = values_all[:T], values_all[T]
         if not self.vtrace_targets:
             advantages = gae(rewards, values, bootstrap_value, discounts, hp.gae_lambda)
-            return Targets(advantages, advantages + values, values)
+            return Targets(advantages, advantages + values, values, trained, value_trained, valued is not None)
         target_logp = self.policy.distribution.log_prob(out.params[:T].float(), batch.actions)
         vs = vtrace(batch.behaviour_logp, target_logp, rewards, values, bootstrap_value, discounts, hp.rho_bar, hp.c_bar).vs
         vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
         # The surrogate's ratio already weighs by pi/mu: the advantage itself is not weighted again.
-        return Targets(rewards + discounts * vs_tp1 - values, vs, values)
+        return Targets(rewards + discounts * vs_tp1 - values, vs, values, trained, value_trained, valued is not None)
 
     def _view(self, batch: Rollout, targets: Targets) -> dict:
         """The batch as minibatch material, every tensor `[T', B', ...]` with minibatches taken along B':
@@ -142,7 +157,8 @@ class PpoObjective(ActorCriticObjective):
         view = {
             "observations": {k: v[:T] for k, v in batch.observations.items()},
             "episode_start": batch.episode_start[:T],
-            "actions": batch.actions, "behaviour_logp": batch.behaviour_logp, "real": ~batch.autoreset,
+            "actions": batch.actions, "behaviour_logp": batch.behaviour_logp, "real": targets.trained,
+            "value_real": targets.value_trained,
             "advantages": targets.advantages, "returns": targets.returns, "old_values": targets.old_values,
         }
         if self.policy.is_recurrent:
@@ -184,7 +200,7 @@ class PpoObjective(ActorCriticObjective):
                 mb = self._columns(view, columns)
                 loss, metrics = self.loss(mb["observations"], mb["initial_state"], mb["episode_start"], mb["actions"],
                                           mb["behaviour_logp"], mb["advantages"], mb["returns"], mb["old_values"],
-                                          mb["real"], clip_t)
+                                          mb["real"], mb["value_real"], clip_t, not targets.skip_forced)
                 self._batch["last"] = metrics
                 # target_kl is the one option that needs a number on the host per minibatch (and,
                 # with several learners, their agreement: they stop together or step together)
@@ -201,10 +217,10 @@ class PpoObjective(ActorCriticObjective):
             result = {key: torch.stack([m[key] for m in steps]).mean() for key in steps[0]}
         else:  # the first minibatch already exceeded target_kl: report it, untrained
             result = self._batch["last"] | {"grad_norm": torch.zeros(())}
-        real = batch.autoreset.logical_not()
+        valued = targets.value_trained
         result |= {
-            "value_mean": masked_mean(targets.old_values, real),
-            "explained_variance": explained_variance(targets.old_values, targets.returns, real),
+            "value_mean": masked_mean(targets.old_values, valued),
+            "explained_variance": explained_variance(targets.old_values, targets.returns, valued),
         }
         lr = self.learner.groups["policy"].optimizer.param_groups[0]["lr"]
         result |= {"gradient_steps": float(len(steps)), "kl_stop": float(stopped), "lr": lr, "clip_range": self._batch["clip"]}
@@ -217,13 +233,16 @@ class PpoObjective(ActorCriticObjective):
 
     def loss(self, observations: Observations, initial_state: State, episode_start: torch.Tensor, actions: torch.Tensor,
              behaviour_logp: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, old_values: torch.Tensor,
-             real: torch.Tensor, clip: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+             real: torch.Tensor, value_real: torch.Tensor, clip: torch.Tensor, value_forced: bool = True,
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The clipped-surrogate loss of one minibatch (eq. 9 of the paper, with the value and entropy terms):
 
             L = -E[min(ratio A, clip(ratio, 1 - eps, 1 + eps) A)] + value_coef E[(V - R)^2 / 2] - entropy_coef E[H]
-        """
+
+        The value term averages over `value_real`, the policy's over `real`; `value_forced=False` skips the
+        value network where the batch's targets did (`Targets.skip_forced`)."""
         hp = self.hp
-        out = self.policy(observations, initial_state, episode_start)
+        out = self.policy(observations, initial_state, episode_start, **({} if value_forced else {"value_forced": False}))
         params, values = out.params.float(), out.values.float()
         dist = self.policy.distribution
         logp = dist.log_prob(params, actions)
@@ -234,7 +253,7 @@ class PpoObjective(ActorCriticObjective):
             advantages = normalized_advantages(advantages, real)
         surrogate, ratio = clipped_surrogate(logp, behaviour_logp, advantages, clip)
         policy_loss = -masked_mean(surrogate, real)
-        v_loss = masked_mean(value_loss(values, old_values, returns, hp.clip_value), real)
+        v_loss = masked_mean(value_loss(values, old_values, returns, hp.clip_value), value_real)
         entropy = masked_mean(dist.entropy(params), real)
         loss = policy_loss + hp.value_coef * v_loss - hp.entropy_coef * entropy
         with torch.no_grad():

@@ -66,8 +66,11 @@ class ActorCritic(Policy):
             params = torch.cat([params, self.log_std.expand_as(params)], dim=-1)
         return params
 
-    def forward(self, observations: Observations, state: State = (), episode_start: torch.Tensor | None = None) -> PolicyOutput:
-        """Params `[T, B, P]` and values `[T, B]` of time-major observations."""
+    def forward(self, observations: Observations, state: State = (), episode_start: torch.Tensor | None = None,
+                value_forced: bool = True) -> PolicyOutput:
+        """Params `[T, B, P]` and values `[T, B]` of time-major observations. `value_forced=False` skips the
+        value network too on the steps `valued_steps` leaves out (their values are 0): the learner of PPO
+        and APPO, which gives such a step its value by its reward and the next step's instead."""
         k = self._n_policy_state
         raw = observations  # the mask as the env gave it, not normalized
         if self.obs_normalizer is not None:
@@ -77,13 +80,28 @@ class ActorCritic(Policy):
             features, policy_state = self.network(observations, state[:k], episode_start)
             logits = self.policy_head(features)
         else:
-            logits, policy_state = self._logits_where(free, observations, acting=False), ()
+            logits, policy_state = self._on_steps(free, observations, self.network, self.policy_head), ()
         if self.value_network is None:
-            value_features, value_state = features, ()
+            values, value_state = self.value_head(features).squeeze(-1), ()
+        elif free is not None and not value_forced:
+            values, value_state = self._on_steps(free, observations, self.value_network, self.value_head).squeeze(-1), ()
         else:
             value_features, value_state = self.value_network(observations, state[k:], episode_start)
+            values = self.value_head(value_features).squeeze(-1)
         params = self._params(self.masked(logits, raw))
-        return PolicyOutput(params, self.value_head(value_features).squeeze(-1), policy_state + value_state)
+        return PolicyOutput(params, values, policy_state + value_state)
+
+    def valued_steps(self, observations: Observations, state: State = ()) -> torch.Tensor | None:
+        """The steps `[T, B]` (bool) whose values `forward(..., value_forced=False)` computes: those whose
+        action mask leaves a choice. None where it values every step (no mask, a recurrent network, one
+        network under both heads, or no step forced)."""
+        if self.value_network is None:
+            return None
+        free = self._free_steps(observations, state, acting=False)
+        if free is None:
+            return None
+        lead = observations[self.action_mask_key].shape[:2]
+        return torch.zeros(lead.numel(), dtype=torch.bool, device=free.device).index_fill(0, free, True).reshape(lead)
 
     def _free_steps(self, raw: Observations, state: State, acting: bool) -> torch.Tensor | None:
         """The flat indices of the steps whose action mask leaves a choice, where the others are worth
@@ -98,20 +116,22 @@ class ActorCritic(Policy):
         free = (legal > self._n_choices).reshape(-1).nonzero().squeeze(1)
         return None if free.numel() == legal.numel() else free
 
-    def _logits_where(self, free: torch.Tensor, observations: Observations, acting: bool) -> torch.Tensor:
-        """Logits of the policy network on the `free` steps (flat indices) and 0 elsewhere (where the mask,
-        applied next, leaves one action: log-prob 0, as the network would give), in the observations'
-        leading shape (`[B]` acting, `[T, B]` in the learner)."""
-        n_lead = 1 if acting else 2
-        lead = next(iter(observations.values())).shape[:n_lead]
-        chosen = {key: x.reshape(-1, *x.shape[n_lead:]).index_select(0, free) for key, x in observations.items()}
-        if acting:
-            head = self._head
-            logits = F.linear(self.network.step(chosen)[0], head["weight"], head["bias"])
-        else:
-            logits = self.policy_head(self.network({key: x.unsqueeze(0) for key, x in chosen.items()})[0])[0]
-        flat = logits.new_zeros((lead.numel(), logits.shape[-1])).index_copy(0, free, logits)
-        return flat.reshape(*lead, -1)
+    def _on_steps(self, free: torch.Tensor, observations: Observations, network: nn.Module, head: nn.Module) -> torch.Tensor:
+        """`head(network(.))` of the learner's `[T, B]` observations on the `free` steps (flat indices) alone,
+        0 elsewhere, `[T, B, out]`: for the policy head the mask, applied next, leaves those steps one
+        action (log-prob 0, as the network would give)."""
+        lead = next(iter(observations.values())).shape[:2]
+        chosen = {key: x.reshape(-1, *x.shape[2:]).index_select(0, free).unsqueeze(0) for key, x in observations.items()}
+        out = head(network(chosen)[0])[0]
+        return out.new_zeros((lead.numel(), out.shape[-1])).index_copy(0, free, out).reshape(*lead, -1)
+
+    def _acting_logits_where(self, free: torch.Tensor, observations: Observations) -> torch.Tensor:
+        """Acting's logits `[B, P]` of the policy network on the `free` steps and 0 elsewhere (see `_on_steps`)."""
+        chosen = {key: x.index_select(0, free) for key, x in observations.items()}
+        head = self._head
+        logits = F.linear(self.network.step(chosen)[0], head["weight"], head["bias"])
+        batch = next(iter(observations.values())).shape[0]
+        return logits.new_zeros((batch, logits.shape[-1])).index_copy(0, free, logits)
 
     def action_params(self, observations: Observations, state: State, episode_start: torch.Tensor | None) -> tuple[torch.Tensor, State]:
         """Acting skips the value head and, with two networks, the value network: half the work; and the
@@ -126,7 +146,7 @@ class ActorCritic(Policy):
             _, value_state = self.value_network.step(observations, value_state, episode_start)
         free = self._free_steps(raw, state, acting=True)
         if free is not None:
-            return self._params(self.masked(self._logits_where(free, observations, acting=True), raw)), ()
+            return self._params(self.masked(self._acting_logits_where(free, observations), raw)), ()
         features, policy_state = self.network.step(observations, state[:k], episode_start)
         head = self._head
         logits = self.masked(F.linear(features, head["weight"], head["bias"]), raw)

@@ -115,6 +115,12 @@ class Policy(nn.Module, abc.ABC):
     def forward(self, observations: Observations, state: State, episode_start: torch.Tensor) -> PolicyOutput:
         """The learner's forward pass over time-major observations `[T, B, ...]`."""
 
+    def valued_steps(self, observations: Observations, state: State = ()) -> torch.Tensor | None:
+        """The steps `[T, B]` whose values `forward(..., value_forced=False)` computes, where a policy can
+        skip its value network on forced steps (`ActorCritic`); None: it values every step, and its
+        forward takes no `value_forced`."""
+        return None
+
     def act(
         self, observations: Observations, state: State = (), episode_start: torch.Tensor | None = None, deterministic: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, State]:
