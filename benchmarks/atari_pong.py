@@ -4,6 +4,8 @@
     python benchmarks/atari_pong.py ours --seeds 1 --minutes 30
     # Sample Factory 2.1.1 in a venv of its own (it pins gymnasium < 1.0):
     python3 -m venv /tmp/sf && /tmp/sf/bin/pip install -c constraints.txt sample-factory==2.1.1 ale-py==0.9.1
+    # its workers are spawned processes that must register ALE's envs too: a .pth line imports ale_py in each
+    echo "import ale_py" > "$(/tmp/sf/bin/python -c 'import site; print(site.getsitepackages()[0])')/ale_py_register.pth"
     python benchmarks/atari_pong.py sf --sf-python /tmp/sf/bin/python --seeds 1 --minutes 30
     python benchmarks/atari_pong.py report
 
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -56,28 +60,59 @@ def ours(seed: int, minutes: float, workdir: Path, extra: list[str]) -> dict:
 
 
 def sample_factory(python: str, seed: int, minutes: float, workdir: Path, extra: list[str]) -> dict:
-    """Sample Factory for `minutes` of training; its log gives frames and the 100-episode mean as it goes."""
+    """Sample Factory for `minutes` of training, counted from its first report; its log gives frames and the
+    100-episode mean as it goes.
+
+    Sample Factory 2.1.1 never advances the clock that `--train_for_seconds` is checked against, so the run is
+    stopped from here: SIGINT to its process group once the budget has passed (it saves and exits), SIGKILL
+    if it is still there a minute later.
+    """
     args = ["--env=atari_pong", f"--experiment=pong_{seed}", f"--train_dir={workdir}", "--device=cpu", f"--seed={seed}",
-            f"--train_for_seconds={int(minutes * 60)}", *extra]
+            *extra]
+    log_path = workdir / f"sf-{seed}.log"
     start = time.perf_counter()
-    proc = subprocess.run([python, "-c", SF_MAIN, *args], capture_output=True, text=True, timeout=minutes * 60 + 600)
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen([python, "-c", SF_MAIN, *args], stdout=log_file, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        first_report = None
+        while proc.poll() is None:
+            time.sleep(5)
+            if first_report is None and "Total num frames" in log_path.read_text(errors="replace"):
+                first_report = time.perf_counter()
+            waited = time.perf_counter() - start
+            if (first_report and time.perf_counter() - first_report > minutes * 60) or waited > minutes * 60 + 600:
+                break
+        stop_group(proc)
     wall = time.perf_counter() - start
-    log = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        raise SystemExit(f"Sample Factory failed (exit {proc.returncode}):\n{log[-3000:]}")
+    log = log_path.read_text(errors="replace")
+    if first_report is None:
+        raise SystemExit(f"Sample Factory made no report (exit {proc.returncode}):\n{log[-3000:]}")
     curve, frames, first = [], 0, None
     stamp = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d+)\]")
     for line in log.splitlines():
         when = stamp.search(line)
-        if when:
-            t = time.mktime(time.strptime(when.group(1), "%Y-%m-%d %H:%M:%S")) + int(when.group(2)) / 1000
-            first = t if first is None else first
         if (m := re.search(r"Total num frames: (\d+)", line)):
             frames = int(m.group(1))
-        if (m := re.search(r"Avg episode reward: \[\(0, '(-?[\d.]+)'\)\]", line)) and when:
-            curve.append([frames // 4, round(t - first, 1), float(m.group(1)), None])  # agent steps: frames / frame skip 4
+            if when and first is None:
+                first = time.mktime(time.strptime(when.group(1), "%Y-%m-%d %H:%M:%S")) + int(when.group(2)) / 1000
+        if (m := re.search(r"Avg episode reward: \[\(0, '(-?[\d.]+)'\)\]", line)) and when and first is not None:
+            t = time.mktime(time.strptime(when.group(1), "%Y-%m-%d %H:%M:%S")) + int(when.group(2)) / 1000
+            if t - first <= minutes * 60:
+                curve.append([frames // 4, round(t - first, 1), float(m.group(1)), None])  # agent steps: frames / skip 4
     return {"side": "sample_factory", "seed": seed, "minutes": minutes, "overrides": extra, "curve": curve,
             "wall_s": wall}
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGINT to the run's whole process group (its workers too), SIGKILL to what is left after a minute."""
+    for sig, grace in ((signal.SIGINT, 60), (signal.SIGKILL, 10)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=grace)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
 
 
 def summary(entry: dict) -> str:
