@@ -8,6 +8,7 @@ HWC on a tie, or as `channels_last` says) or of 2 dims (one channel). uint8 pixe
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import gymnasium as gym
@@ -51,13 +52,26 @@ def conv_stack(kind: str, in_channels: int) -> nn.Sequential:
             in_channels = out
         return nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
     if kind == "nature":
-        return nn.Sequential(nn.Conv2d(in_channels, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-                             nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+        return orthogonal_convs(nn.Sequential(nn.Conv2d(in_channels, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2),
+                                              nn.ReLU(), nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten()))
     if kind == "small":
         return nn.Sequential(nn.Conv2d(in_channels, 16, 3, stride=1), nn.ReLU(), nn.Flatten())
     if kind == "board":
         return nn.Sequential(nn.Conv2d(in_channels, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.Flatten())
     raise ConfigError(f"policy.encoder={kind}: use one of {', '.join(CONV_ENCODERS)}")
+
+
+def orthogonal_convs(stack: nn.Sequential) -> nn.Sequential:
+    """The stack's convolutions with orthogonal weights of gain sqrt(2) and zero biases, as the PPO reference
+    implementations start the nature CNN. PyTorch's default init shrinks each conv + ReLU layer's output by
+    about sqrt(6): after the nature CNN's three, Pong's frames reach the heads as features 15x smaller than
+    these, and 16x closer to one another, so the policy's logits hardly tell one frame from the next and
+    stay near uniform for hundreds of thousands of steps (benchmarks/PONG.md)."""
+    for layer in stack:
+        if isinstance(layer, nn.Conv2d):
+            nn.init.orthogonal_(layer.weight, gain=math.sqrt(2))
+            nn.init.zeros_(layer.bias)
+    return stack
 
 
 class ImageEncoder(nn.Module):
