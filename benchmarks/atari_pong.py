@@ -94,13 +94,18 @@ def sample_factory(python: str, seed: int, minutes: float, workdir: Path, extra:
         if (m := re.search(r"Total num frames: (\d+)", line)):
             frames = int(m.group(1))
             if when and first is None:
-                first = time.mktime(time.strptime(when.group(1), "%Y-%m-%d %H:%M:%S")) + int(when.group(2)) / 1000
+                first = stamp_seconds(when)
         if (m := re.search(r"Avg episode reward: \[\(0, '(-?[\d.]+)'\)\]", line)) and when and first is not None:
-            t = time.mktime(time.strptime(when.group(1), "%Y-%m-%d %H:%M:%S")) + int(when.group(2)) / 1000
+            t = stamp_seconds(when)
             if t - first <= minutes * 60:
                 curve.append([frames // 4, round(t - first, 1), float(m.group(1)), None])  # agent steps: frames / skip 4
     return {"side": "sample_factory", "seed": seed, "minutes": minutes, "overrides": extra, "curve": curve,
             "wall_s": wall}
+
+
+def stamp_seconds(when: re.Match) -> float:
+    """A log line's `[YYYY-mm-dd HH:MM:SS,mmm]` stamp as seconds since the epoch."""
+    return time.mktime(time.strptime(when.group(1), "%Y-%m-%d %H:%M:%S")) + int(when.group(2)) / 1000
 
 
 def stop_group(proc: subprocess.Popen) -> None:

@@ -19,7 +19,7 @@ from maze_cli.config.schema import CONV_ENCODERS
 from maze_cli.errors import ConfigError
 from maze_cli.envs.spaces import _flatten_spaces, observation_specs
 from maze_cli.policies.base import Observations
-from maze_cli.policies.mlp import ObservationEncoder, MlpNetwork, as_float
+from maze_cli.policies.mlp import ObservationEncoder, MlpNetwork, as_float, orthogonal_init
 
 # Input elements of the frames a CPU convolves at once (ImageEncoder._chunk): 256 Atari observations
 # (4 x 84 x 84); the chunk size is measured in benchmarks/LEARNER.md.
@@ -69,8 +69,7 @@ def orthogonal_convs(stack: nn.Sequential) -> nn.Sequential:
     stay near uniform for hundreds of thousands of steps (benchmarks/PONG.md)."""
     for layer in stack:
         if isinstance(layer, nn.Conv2d):
-            nn.init.orthogonal_(layer.weight, gain=math.sqrt(2))
-            nn.init.zeros_(layer.bias)
+            orthogonal_init(layer, math.sqrt(2))
     return stack
 
 

@@ -51,13 +51,18 @@ class Tanh(nn.Module):
 ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
 
-def linear(n_in: int, n_out: int, gain: float) -> nn.Linear:
-    """A linear layer with orthogonal weights of `gain` and zero bias (as in the PPO and IMPALA
-    reference implementations: a small gain on a policy head starts the policy near uniform)."""
-    layer = nn.Linear(n_in, n_out)
+def orthogonal_init(layer: nn.Linear | nn.Conv2d, gain: float) -> nn.Linear | nn.Conv2d:
+    """`layer` with orthogonal weights of `gain` and a zero bias, as the PPO and IMPALA reference
+    implementations start their layers."""
     nn.init.orthogonal_(layer.weight, gain=gain)
     nn.init.zeros_(layer.bias)
     return layer
+
+
+def linear(n_in: int, n_out: int, gain: float) -> nn.Linear:
+    """A linear layer with orthogonal weights of `gain` and zero bias (a small gain on a policy head
+    starts the policy near uniform)."""
+    return orthogonal_init(nn.Linear(n_in, n_out), gain)
 
 
 def as_float(x: torch.Tensor) -> torch.Tensor:
