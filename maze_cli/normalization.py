@@ -41,7 +41,9 @@ class RunningMeanStd(nn.Module):
     def update(self, x: torch.Tensor, pool: Pool | None = None) -> None:
         """Add samples `x` `[N, *shape]`; with `pool` (several learners), every learner's samples of
         this call, so that all learners keep the same statistics."""
-        x = x.detach().to(torch.float64).reshape(-1, *self.mean.shape)
+        # floats in float64 (the pooled moments exact); pixels in float32: a batch of frames is tens of
+        # millions of bytes, and their moments need no more
+        x = x.detach().to(torch.float64 if x.is_floating_point() else torch.float32).reshape(-1, *self.mean.shape)
         if pool is None:
             if x.shape[0]:
                 self.merge(x.mean(0), x.var(0, unbiased=False), float(x.shape[0]))
@@ -63,7 +65,8 @@ class RunningMeanStd(nn.Module):
         self.count.copy_(total)
 
     def normalize(self, x: torch.Tensor, clip: float) -> torch.Tensor:
-        """(x - mean) / std, clipped to [-clip, clip], in x's dtype."""
+        """(x - mean) / std, clipped to [-clip, clip], in x's dtype (float32 for pixels)."""
+        x = x if x.is_floating_point() else x.float()
         mean, std = self.mean.to(x.dtype), (self.var + _EPS).sqrt().to(x.dtype)
         return ((x - mean) / std).clamp(-clip, clip)
 
@@ -72,6 +75,7 @@ class RunningMeanStd(nn.Module):
         weight update: their conversion to x's dtype is kept until `mean` or `var` is replaced or
         written in place (merged, loaded), as their version counters tell. Not for the learner's
         forward (a compiled graph would not see the check)."""
+        x = x if x.is_floating_point() else x.float()
         mean, var = self.mean, self.var
         try:
             versions = (mean._version, var._version)
@@ -85,20 +89,25 @@ class RunningMeanStd(nn.Module):
         return ((x - cached[4]) / cached[5]).clamp_(-clip, clip)
 
 
-def vector_keys(space: gym.Space) -> list[str]:
-    """The observation keys worth normalizing: float Boxes of rank 0-2 (images keep their own scaling)."""
-    return [
-        key for key, sub in _flatten_spaces(space).items()
-        if isinstance(sub, gym.spaces.Box) and sub.dtype.kind == "f" and len(sub.shape) <= 2
-    ]
+def normalized_keys(space: gym.Space, vectors: bool = True, images: bool = False) -> list[str]:
+    """The observation keys to normalize: with `vectors`, float Boxes of rank 0-2; with `images`, integer or
+    bool Boxes of rank 2-3 (pixels), each pixel by its own statistics, as Sample Factory's `normalize_input`
+    does. Images left out keep their own scaling (bytes to [0, 1] in the network)."""
+    def chosen(sub: gym.Space) -> bool:
+        if not isinstance(sub, gym.spaces.Box):
+            return False
+        return (vectors and sub.dtype.kind == "f" and len(sub.shape) <= 2) or (images and sub.dtype.kind in "uib" and len(sub.shape) in (2, 3))
+
+    return [key for key, sub in _flatten_spaces(space).items() if chosen(sub)]
 
 
 class ObservationNormalizer(nn.Module):
-    """Normalizes the vector keys of an observation dict by running statistics (clipped at `clip`)."""
+    """Normalizes the vector keys of an observation dict, its pixels or both, by running statistics
+    (clipped at `clip`)."""
 
-    def __init__(self, observation_space: gym.Space, clip: float = 10.0):
+    def __init__(self, observation_space: gym.Space, clip: float = 10.0, vectors: bool = True, images: bool = False):
         super().__init__()
-        self.keys = vector_keys(observation_space)
+        self.keys = normalized_keys(observation_space, vectors, images)
         spaces = _flatten_spaces(observation_space)
         self.stats = nn.ModuleList(RunningMeanStd(tuple(spaces[k].shape)) for k in self.keys)
         self.clip = clip

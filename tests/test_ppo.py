@@ -196,6 +196,22 @@ def test_the_observation_normalizer_scales_vector_keys_and_leaves_images_and_int
     assert out["frame"].dtype == torch.uint8 and out["goal"].tolist() == [2]
 
 
+def test_normalize_images_scales_each_pixel_by_its_own_statistics_and_leaves_vectors_to_normalize_obs():
+    space = gym.spaces.Dict({"pos": gym.spaces.Box(-5, 5, (2,)), "frame": gym.spaces.Box(0, 255, (2, 3, 3), dtype="uint8")})
+    normalizer = ObservationNormalizer(space, vectors=False, images=True)
+    assert normalizer.keys == ["frame"]
+    frames = torch.zeros(4, 2, 3, 3, dtype=torch.uint8)
+    frames[:, 0, 0, 0] = torch.tensor([10, 20, 30, 40], dtype=torch.uint8)  # one pixel moves, the background stays
+    frames[:, 1] = 87
+    normalizer.update({"frame": frames})
+    out = normalizer({"pos": torch.tensor([[4.0, -4.0]]), "frame": frames[:1]})
+    assert out["frame"].dtype == torch.float32
+    assert out["frame"][0, 0, 0, 0].item() == pytest.approx(-15 / 125 ** 0.5, rel=1e-4)  # (10 - 25) / std of 10..40
+    assert out["frame"][0, 1].abs().max().item() == 0.0  # a pixel that never changes is 0, not a division by 0
+    assert out["pos"].tolist() == [[4.0, -4.0]]
+    assert torch.equal(normalizer.step({"frame": frames[:1]})["frame"], out["frame"])
+
+
 def test_rewards_are_scaled_by_the_std_of_the_discounted_return_followed_per_env():
     from maze_cli.records import RolloutSpec, TensorSpec
 

@@ -53,6 +53,9 @@ class ImpalaConfig:
     # rewards divided by the running std of the discounted return (followed per env across rollouts), clipped
     # at 10; null: on for continuous (Box) actions
     normalize_reward: Optional[bool] = None
+    # image observations normalized too, each pixel by its own running mean/std (Sample Factory's normalize_input):
+    # the static background of a game's frames becomes 0, and what moves stands out
+    normalize_images: bool = False
     # Box actions: the Gaussian's log std at the start, a parameter of its own (not a function of the state);
     # below 0 the policy explores less at first (SB3's MuJoCo settings start at -2)
     log_std_init: float = 0.0
@@ -142,7 +145,7 @@ class Impala(ImpalaConfig, Algorithm):
     def build(self, parts: Components) -> Run:
         normalize_obs, normalize_reward = normalization(self.normalize_obs, self.normalize_reward, parts.action_space)
         kwargs = {"network": parts.network, "shared_network": self.shared_network, "normalize_obs": normalize_obs,
-                  "action_mask_key": parts.action_mask_key}
+                  "normalize_images": self.normalize_images, "action_mask_key": parts.action_mask_key}
         policy, blueprint = grouped_policy(ActorCritic, parts, kwargs, {"log_std_init": self.log_std_init})
         learner = Learner(ImpalaObjective(policy, self, normalize_reward), parts.device, **parts.learner)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps)

@@ -27,6 +27,7 @@ class ActorCritic(Policy):
     :param normalize_obs: normalize the float vector keys of observations by running statistics
         that the learner updates (`maze_cli.normalization`); they are buffers of this
         module, so actors, checkpoints and `rollout` use the same ones.
+    :param normalize_images: normalize image keys too, each pixel by its own running statistics.
     :param log_std_init: Box actions: the Gaussian's log std before training (a weight like the
         others, so a checkpoint's policy is rebuilt without it).
     :param action_mask_key: the observation key of the action mask (Discrete, MultiDiscrete): forbidden
@@ -36,12 +37,13 @@ class ActorCritic(Policy):
     def __init__(
         self, observation_space: gym.Space, action_space: gym.Space, network: Mapping[str, Any] | None = None,
         shared_network: bool = False, normalize_obs: bool = False, log_std_init: float = 0.0,
-        action_mask_key: str | None = None,
+        action_mask_key: str | None = None, normalize_images: bool = False,
     ):
         super().__init__()
         self.observation_space, self.action_space = observation_space, action_space
         self.action_mask_key = action_mask_key
-        self.obs_normalizer = ObservationNormalizer(observation_space) if normalize_obs else None
+        self.obs_normalizer = (ObservationNormalizer(observation_space, vectors=normalize_obs, images=normalize_images)
+                               if normalize_obs or normalize_images else None)
         config = dict(network or mlp_network())
         self.network = build_network(config, observation_space)
         self.value_network = None if shared_network else build_network(config, observation_space)
