@@ -10,7 +10,7 @@
     python benchmarks/atari_pong.py report
 
 maze_cli: `train +env=atari env.id=ALE/Pong-v5 seed=<s> max_time_s=<budget> target_return=18`, the shipped
-defaults otherwise (IMPALA, ALE v5 with sticky actions 0.25, evaluation every 100k env steps; `--extra algorithm=ppo`: tuning/atari_ppo.yaml, the settings Sample Factory's share). Sample Factory:
+defaults otherwise (PPO with tuning/atari_ppo.yaml, the settings Sample Factory's share, pixels normalized as its are; ALE v5 with sticky actions 0.25, evaluation every 100k env steps; `--extra algorithm=impala`: IMPALA). Sample Factory:
 `sf_examples.atari.train_atari --env=atari_pong` with its own Atari defaults (PPO, 8 workers, PongNoFrameskip-v4:
 no sticky actions) on the CPU for the same number of seconds of training. The rule both sides share: the mean
 return of the last 100 training episodes (unclipped scores), sampled over time; maze_cli's greedy evaluation

@@ -52,7 +52,7 @@ def _policy_weights(theirs: dict[str, Any], ours: dict[str, Any], normalizer: bo
     observation statistics are this run's fresh ones unless `normalizer`."""
     if normalizer and any(k.startswith(NORMALIZER_PREFIX) for k in ours) and not any(k.startswith(NORMALIZER_PREFIX) for k in theirs):
         raise ConfigError(f"{where}: init_from.normalizer=true, but the checkpoint was trained without observation "
-                          f"statistics (algorithm.normalize_obs off); leave init_from.normalizer=false")
+                          f"statistics (algorithm.normalize_obs and normalize_images off); leave init_from.normalizer=false")
     if not normalizer:
         theirs = {k: v for k, v in theirs.items() if not k.startswith(NORMALIZER_PREFIX)}
         theirs |= {k: v for k, v in ours.items() if k.startswith(NORMALIZER_PREFIX)}
@@ -60,7 +60,7 @@ def _policy_weights(theirs: dict[str, Any], ours: dict[str, Any], normalizer: bo
         if key not in ours or key not in theirs:
             side = "the checkpoint's" if key in theirs else "this run's"
             raise ConfigError(f"{where}: the checkpoint's network does not fit this run's: {key} is only in {side} "
-                              f"(policy.*, algorithm.shared_network and algorithm.normalize_obs must be as in the checkpoint's run)")
+                              f"(policy.*, algorithm.shared_network, normalize_obs and normalize_images must be as in the checkpoint's run)")
         if tuple(theirs[key].shape) != tuple(ours[key].shape):
             raise ConfigError(f"{where}: the checkpoint's network does not fit this run's: {key} has shape "
                               f"{tuple(theirs[key].shape)} there and {tuple(ours[key].shape)} here "

@@ -7,6 +7,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from maze_cli.envs.spaces import observation_specs
 from maze_cli.errors import ConfigError
@@ -155,6 +156,8 @@ def test_the_atari_config_trains_on_stacked_byte_frames(tmp_path):
     log = (run_dir / "train.log").read_text()
     assert "Box(4, 84, 84) uint8" in log and "MiB per rollout slot" in log
     assert read_stats(run_dir)[-1]["env_steps"] >= 2000
+    algorithm = yaml.safe_load((run_dir / "config.yaml").read_text())["algorithm"]  # Atari's default: PPO, pixels normalized
+    assert algorithm["_target_"] == "maze_cli.algorithms.ppo.Ppo" and algorithm["normalize_images"] is True
 
 
 def test_images_with_policy_mlp_get_a_warning_naming_policy_cnn(tmp_path):
