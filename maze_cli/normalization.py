@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from maze_cli.envs.spaces import _flatten_spaces
+from maze_cli.envs.spaces import _flatten_spaces, is_image
 from maze_cli.records import Rollout
 
 _EPS = 1e-8
@@ -90,13 +90,13 @@ class RunningMeanStd(nn.Module):
 
 
 def normalized_keys(space: gym.Space, vectors: bool = True, images: bool = False) -> list[str]:
-    """The observation keys to normalize: with `vectors`, float Boxes of rank 0-2; with `images`, integer or
-    bool Boxes of rank 2-3 (pixels), each pixel by its own statistics, as Sample Factory's `normalize_input`
-    does. Images left out keep their own scaling (bytes to [0, 1] in the network)."""
+    """The observation keys to normalize: with `vectors`, float Boxes of rank 0-2; with `images`, the integer
+    or bool images the CNN policy convolves (`is_image`), each pixel by its own statistics, as Sample
+    Factory's `normalize_input` does. Images left out keep their own scaling (bytes to [0, 1] in the network)."""
     def chosen(sub: gym.Space) -> bool:
         if not isinstance(sub, gym.spaces.Box):
             return False
-        return (vectors and sub.dtype.kind == "f" and len(sub.shape) <= 2) or (images and sub.dtype.kind in "uib" and len(sub.shape) in (2, 3))
+        return (vectors and sub.dtype.kind == "f" and len(sub.shape) <= 2) or (images and sub.dtype.kind in "uib" and is_image(sub))
 
     return [key for key, sub in _flatten_spaces(space).items() if chosen(sub)]
 

@@ -39,6 +39,12 @@ def _flatten_spaces(space: gym.Space, prefix: str = "") -> dict[str, gym.Space]:
     return {prefix.rstrip("/") or OBS_KEY: space}
 
 
+def is_image(space: gym.Space) -> bool:
+    """What the CNN policy convolves (and `normalize_images` normalizes): a Box of 3 dims, or of 2 dims of
+    at least 8 a side (one channel)."""
+    return isinstance(space, gym.spaces.Box) and (len(space.shape) == 3 or (len(space.shape) == 2 and min(space.shape) >= 8))
+
+
 def observation_specs(space: gym.Space) -> dict[str, TensorSpec]:
     """One tensor spec per (flattened) observation key."""
     specs = {}

@@ -17,17 +17,13 @@ from torch import nn
 
 from maze_cli.config.schema import CONV_ENCODERS
 from maze_cli.errors import ConfigError
-from maze_cli.envs.spaces import _flatten_spaces, observation_specs
+from maze_cli.envs.spaces import _flatten_spaces, is_image, observation_specs
 from maze_cli.policies.base import Observations
 from maze_cli.policies.mlp import ObservationEncoder, MlpNetwork, as_float, orthogonal_init
 
 # Input elements of the frames a CPU convolves at once (ImageEncoder._chunk): 256 Atari observations
 # (4 x 84 x 84); the chunk size is measured in benchmarks/LEARNER.md.
 CPU_CHUNK_ELEMENTS = 256 * 4 * 84 * 84
-
-
-def is_image(space: gym.Space) -> bool:
-    return isinstance(space, gym.spaces.Box) and (len(space.shape) == 3 or (len(space.shape) == 2 and min(space.shape) >= 8))
 
 
 class _Residual(nn.Module):
