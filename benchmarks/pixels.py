@@ -7,7 +7,8 @@
 
 1. MinAtar (`train +env=minatar env.id=MinAtar/<game>-v1 seed=<s> max_time_s=<minutes * 60>`, the
    shipped defaults otherwise): the evaluation return at the end and the best one, env steps/s, and
-   where an epoch's time went (learner, waiting for actors), per game and seed.
+   where an epoch's time went (learner, waiting for actors), per game and seed; over 3 or more seeds, the mean and
+   IQM of the last-3-evaluations means with 95% bootstrap intervals (rliable, extra `bench`).
 2. Atari Pong-v5: the raw limit of the ALE on this machine (random actions through the same
    preprocessing as `+env=atari`, one process per core, agent steps and frames per second), then
    `train +env=atari env.id=ALE/Pong-v5` for `--pong-seconds` (evaluation off): its steady env
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from machine import machine_line
 from runs import TrainRun, publish, run_train
+from scores import iqm_with_interval
 
 PONG = "ALE/Pong-v5"
 
@@ -65,6 +67,10 @@ def minatar_section(games: list[str], seeds: list[int], minutes: float, workdir:
             last3.append(statistics.fmean(evals[-3:]))
             print(lines[-1], file=sys.stderr, flush=True)
         lines.append(f"| {game} | median | {statistics.median(finals):.1f} | {statistics.median(last3):.1f} | | | | | | |")
+        if len(last3) >= 3:
+            mean, iqm, iqm_lo, iqm_hi, (mean_lo, mean_hi) = iqm_with_interval(last3)
+            lines.append(f"| {game} | mean [95% CI] / IQM [95% CI] | | {mean:.1f} [{mean_lo:.1f}, {mean_hi:.1f}] / "
+                         f"{iqm:.1f} [{iqm_lo:.1f}, {iqm_hi:.1f}] | | | | | | |")
     return lines
 
 

@@ -29,7 +29,7 @@ from maze_cli.config.schema import Settings, TrainConfig
 from maze_cli.disk import DiskFull, check_writable_dir, is_disk_full, quiet_full_disk_in_log_files
 from maze_cli.distributed import LearnerFailure, LearnerGroup
 from maze_cli.envs.factory import EnvFactory
-from maze_cli.envs.spaces import describe_space, observation_specs
+from maze_cli.envs.spaces import describe_space, image_shapes
 from maze_cli.errors import ConfigError, NonFiniteLoss, TrainingDiverged
 from maze_cli.evaluation import BackgroundEvaluation, Evaluator, Snapshot
 from maze_cli.interrupts import raise_terminated_on_sigterm
@@ -104,8 +104,7 @@ def _warn_images_with_mlp(settings: Settings, observation_space: gym.Space) -> N
     if settings.policy.get("_target_") != "maze_cli.policies.mlp.MlpNetwork":
         return
     named = isinstance(observation_space, gym.spaces.Dict)
-    images = [f"'{key}' {spec.shape}" if named else str(spec.shape) for key, spec in observation_specs(observation_space).items()
-              if len(spec.shape) == 3]
+    images = [f"'{key}' {shape}" if named else str(shape) for key, shape in image_shapes(observation_space).items()]
     if images:
         log.warning(f"the observations hold images ({', '.join(images)}) and policy=mlp flattens them; "
                     f"policy=cnn is made for images (conv encoders)")

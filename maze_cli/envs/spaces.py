@@ -45,6 +45,11 @@ def is_image(space: gym.Space) -> bool:
     return isinstance(space, gym.spaces.Box) and (len(space.shape) == 3 or (len(space.shape) == 2 and min(space.shape) >= 8))
 
 
+def image_shapes(space: gym.Space) -> dict[str, tuple[int, ...]]:
+    """The (flattened) observation keys that are images (`is_image`), with their shapes."""
+    return {key: tuple(sub.shape) for key, sub in _flatten_spaces(space).items() if is_image(sub)}
+
+
 def observation_specs(space: gym.Space) -> dict[str, TensorSpec]:
     """One tensor spec per (flattened) observation key."""
     specs = {}
