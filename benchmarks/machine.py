@@ -10,13 +10,17 @@ from pathlib import Path
 
 
 def cpu_model() -> str:
+    """The CPU's name and its widest vector units: machines of one name (a virtual "AMD EPYC") differ by
+    2-3x in a CNN learner's speed between AVX2 and AVX-512, and bf16 pays only with AMX."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return platform.processor() or platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.machine())
+    flags = set(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
+    units = [label for flag, label in (("amx_tile", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512f", "AVX-512"),
+                                       ("avx2", "AVX2")) if flag in flags]
+    return f"{name}, {units[0]}" if units else name
 
 
 def version(package: str) -> str:
