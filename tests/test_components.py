@@ -138,14 +138,32 @@ def test_tuned_settings_of_an_env_and_algorithm_apply_to_that_pair_only(tmp_path
     assert mine["algorithm"]["lr"] == 0.0042
 
 
-def test_every_shipped_tuning_file_composes_and_appo_takes_ppos_tuning():
-    """A tuning file that does not compose would break `train` for its pair only: compose each one."""
+def composed_here(*overrides: str) -> dict:
+    """The config `train <overrides> --cfg job` prints, composed in this process (no interpreter to start)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from maze_cli.cli.paths import config_dir
+    from maze_cli.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+        return OmegaConf.to_container(compose("train", overrides=list(overrides)))
+
+
+def test_in_process_composition_is_the_clis():
+    """The tuning test below composes in-process; this keeps it honest against `train --cfg job`."""
     import yaml
 
+    assert composed_here("+env=minatar", "algorithm=ppo") == yaml.safe_load(composed("+env=minatar", "algorithm=ppo"))
+
+
+def test_every_shipped_tuning_file_composes_and_appo_takes_ppos_tuning():
+    """A tuning file that does not compose would break `train` for its pair only: compose each one."""
     for path in sorted((Path(__file__).parents[1] / "conf" / "tuning").glob("*.yaml")):
         env, algorithm = path.stem.rsplit("_", 1)
-        tuned = yaml.safe_load(composed(f"+env={env}", f"algorithm={algorithm}"))["algorithm"]
+        tuned = composed_here(f"+env={env}", f"algorithm={algorithm}")["algorithm"]
         assert tuned["_target_"].lower().endswith(f".{algorithm}"), path.name
         if algorithm == "appo":
-            ppo = yaml.safe_load(composed(f"+env={env}", "algorithm=ppo"))["algorithm"]
+            ppo = composed_here(f"+env={env}", "algorithm=ppo")["algorithm"]
             assert {k: tuned[k] for k in ppo if k != "_target_"} == {k: v for k, v in ppo.items() if k != "_target_"}, path.name

@@ -17,7 +17,7 @@ from torch import nn
 
 from maze_cli.config.schema import CONV_ENCODERS
 from maze_cli.errors import ConfigError
-from maze_cli.envs.spaces import _flatten_spaces, is_image, observation_specs
+from maze_cli.envs.spaces import _flatten_spaces, image_shapes, observation_specs
 from maze_cli.policies.base import Observations
 from maze_cli.policies.mlp import ObservationEncoder, MlpNetwork, as_float, orthogonal_init
 
@@ -122,7 +122,7 @@ class MixedEncoder(nn.Module):
     def __init__(self, observation_space: gym.Space, kind: str, channels_last: bool | None):
         super().__init__()
         spaces = _flatten_spaces(observation_space)
-        self.image_keys = [k for k, s in spaces.items() if is_image(s)]
+        self.image_keys = list(image_shapes(observation_space))
         if not self.image_keys:
             raise ConfigError(f"policy=cnn: the observation space {observation_space} has no image (a Box of 3 dims, "
                              f"HWC or CHW, or of 2 dims); use policy=mlp")
