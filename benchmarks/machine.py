@@ -11,7 +11,7 @@ from pathlib import Path
 
 def cpu_model() -> str:
     """The CPU's name and its widest vector units: machines of one name (a virtual "AMD EPYC") differ by
-    2-3x in a CNN learner's speed between AVX2 and AVX-512, and bf16 pays only with AMX."""
+    2-3x in a CNN learner's speed between AVX2 and AVX-512, and bf16 pays only with AMX or on AMD's AVX512-BF16."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:

@@ -351,26 +351,34 @@ GPU_BF16_MIN_PARAMETERS = 500_000  # below this a GPU's update is bound by kerne
 
 
 def auto_precision(device: torch.device, convolutional: bool, parameters: int = 0) -> str:
-    """What `learner.precision=auto` becomes: bf16 for conv policies on a CPU with bf16 matrix units
-    (AMX), and for conv policies of `GPU_BF16_MIN_PARAMETERS` or more on a GPU with bf16; fp32
-    elsewhere. Small networks gain nothing from bf16: a CPU without bf16 instructions only emulates
-    it, one with AVX512-BF16 but no AMX ran the Atari learner slower in bf16 than in fp32, and on a
-    GPU the update of a small net waits on kernel launches, to which autocast only adds its casts:
-    MinAtar's conv policy ran slower in bf16 there, the nature CNN faster (benchmarks/LEARNER.md)."""
+    """What `learner.precision=auto` becomes: bf16 for conv policies on a CPU that computes bf16 faster
+    than fp32 (`bf16_pays_on_cpu`), and for conv policies of `GPU_BF16_MIN_PARAMETERS` or more on a GPU
+    with bf16; fp32 elsewhere. Small networks gain nothing from bf16: on a GPU the update of a small net
+    waits on kernel launches, to which autocast only adds its casts: MinAtar's conv policy ran slower in
+    bf16 there, the nature CNN faster (benchmarks/LEARNER.md)."""
     if device.type == "cuda":
         large = convolutional and parameters >= GPU_BF16_MIN_PARAMETERS
         return "bf16" if large and torch.cuda.is_bf16_supported() else "fp32"
-    return "bf16" if convolutional and cpu_has_bf16_units() else "fp32"
+    return "bf16" if convolutional and cpu_computes_bf16_faster() else "fp32"
+
+
+def bf16_pays_on_cpu(cpuinfo: str) -> bool:
+    """Whether a CPU, described by the text of /proc/cpuinfo, runs a conv learner faster in bf16 than in
+    fp32: one with bf16 matrix units (AMX), or an AMD one with AVX512-BF16 (Zen 4 and later compute bf16
+    dot products at full width). An Intel CPU with AVX512-BF16 but no AMX ran the Atari learner slower in
+    bf16, and one without bf16 instructions only emulates it (benchmarks/LEARNER.md)."""
+    if re.search(r"\bamx_bf16\b", cpuinfo):
+        return True
+    return bool(re.search(r"\bavx512_bf16\b", cpuinfo)) and "AuthenticAMD" in cpuinfo
 
 
 @functools.lru_cache(maxsize=None)
-def cpu_has_bf16_units() -> bool:
-    """Whether this CPU has bf16 matrix units (the amx_bf16 flag on Linux)."""
+def cpu_computes_bf16_faster() -> bool:
+    """`bf16_pays_on_cpu` for this machine's CPU (Linux's /proc/cpuinfo; elsewhere: no)."""
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        return bf16_pays_on_cpu(Path("/proc/cpuinfo").read_text())
     except OSError:
         return False
-    return bool(re.search(r"\bamx_bf16\b", flags))
 
 
 class _Compiled:

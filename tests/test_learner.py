@@ -43,11 +43,26 @@ def test_a_bf16_update_stays_close_to_the_fp32_one_and_keeps_the_loss_math_in_fp
         assert results["bf16"][key] == pytest.approx(results["fp32"][key], rel=0.05, abs=0.02), key
 
 
-def test_auto_precision_is_fp32_for_mlps_and_for_conv_policies_only_where_the_cpu_has_bf16_units():
-    from maze_cli.learner import auto_precision, cpu_has_bf16_units
+def test_auto_precision_is_fp32_for_mlps_and_for_conv_policies_only_where_the_cpu_computes_bf16_faster(monkeypatch):
+    from maze_cli import learner
 
-    assert auto_precision(torch.device("cpu"), convolutional=False) == "fp32"
-    assert auto_precision(torch.device("cpu"), convolutional=True) == ("bf16" if cpu_has_bf16_units() else "fp32")
+    for faster in (True, False):
+        monkeypatch.setattr(learner, "cpu_computes_bf16_faster", lambda: faster)
+        assert learner.auto_precision(torch.device("cpu"), convolutional=False) == "fp32"
+        assert learner.auto_precision(torch.device("cpu"), convolutional=True) == ("bf16" if faster else "fp32")
+
+
+@pytest.mark.parametrize("vendor,flags,pays", [
+    ("GenuineIntel", "avx2 avx512f avx512_bf16 amx_bf16 amx_tile", True),   # AMX: bf16 matrix units
+    ("AuthenticAMD", "avx2 avx512f avx512_bf16", True),                     # Zen 4: bf16 dot products at full width
+    ("GenuineIntel", "avx2 avx512f avx512_bf16", False),                    # measured slower in bf16 without AMX
+    ("AuthenticAMD", "avx2 fma", False),                                    # no bf16 instructions: only emulated
+])
+def test_bf16_pays_on_cpus_with_amx_or_amds_avx512_bf16(vendor, flags, pays):
+    from maze_cli.learner import bf16_pays_on_cpu
+
+    cpuinfo = f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: fpu sse2 {flags}\n"
+    assert bf16_pays_on_cpu(cpuinfo) is pays
 
 
 def test_auto_precision_on_a_gpu_is_bf16_only_for_large_conv_policies(monkeypatch):

@@ -80,8 +80,8 @@ class LearnerConfig:
     """The shared learner of every algorithm (maze_cli/learner.py)."""
 
     # fp32, bf16 (autocast, CPU and CUDA) or fp16 (autocast with a gradient scaler, CUDA only); auto:
-    # bf16 where it was measured faster and learning as well (conv policies on a CPU with AMX; conv
-    # policies of 500k parameters or more on a GPU with bf16), fp32 elsewhere
+    # bf16 where it was measured faster and learning as well (conv policies on a CPU with AMX or on an AMD
+    # CPU with AVX512-BF16; conv policies of 500k parameters or more on a GPU with bf16), fp32 elsewhere
     precision: str = _f("auto", choices=("auto", "fp32", "bf16", "fp16"))
     compile: bool = False  # torch.compile each loss function once (needs a C++ compiler; on CUDA, Triton)
     compile_mode: str = _f("default", choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
