@@ -242,7 +242,8 @@ class Trainer:
             if self.group is not None:
                 self._take_other_learners_episodes()
                 reason = reason or self._stop_reason(time.perf_counter() - start)
-            stats = close_epoch()
+            with interrupts_deferred():  # an interrupt amid the row's making would count the epoch twice
+                stats = close_epoch()
             if self.background_eval is not None:
                 reason = self._evaluate_in_background(stats, reason)
             elif self.evaluate is not None and (reason is not None or self.eval_schedule.due(self.epoch, self.env_steps, stats["time_s"])):

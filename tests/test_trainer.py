@@ -114,6 +114,34 @@ def test_an_interrupt_while_a_row_is_written_waits_until_every_writer_has_it(sig
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+class InterruptedLoop(FakeLoop):
+    """A loop whose updates are counted for the epoch's row while the process receives `signum`."""
+
+    def __init__(self, signum):
+        super().__init__()
+        self.signum = signum
+
+    def updates(self):
+        if self.n_updates == 2:
+            signal.raise_signal(self.signum)
+        return super().updates()
+
+
+@pytest.mark.parametrize("signum, raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, TerminatedForTest)])
+def test_an_interrupt_while_the_epochs_row_is_made_counts_the_epoch_once(signum, raised):
+    """The epoch is counted, then its row assembled: a signal in between must not count it again
+    on the way out (the resumed run's rows would skip an epoch)."""
+    trainer, _, writer = make(InterruptedLoop(signum), epoch_length=2)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated_for_test)
+    try:
+        with pytest.raises(raised):
+            trainer.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert [row["epoch"] for row in writer.rows] == [1] and trainer.epoch == 1
+    assert writer.rows[0]["learner/updates"] == 2
+
+
 # ------------------------------------------------------------------------------------ budget and epochs
 
 
