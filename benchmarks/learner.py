@@ -36,15 +36,11 @@ VARIANTS = {
 
 def build(overrides: list[str]):
     """The run's learner, and a function that makes one update on a fixed real batch."""
-    from hydra import compose, initialize_config_dir
-
     from maze_cli.cli.build import build_run, check_env
-    from maze_cli.cli.paths import config_dir
-    from maze_cli.config.schema import register_configs, validate
+    from maze_cli.cli.paths import compose_train
+    from maze_cli.config.schema import validate
 
-    register_configs()
-    with initialize_config_dir(str(config_dir()), version_base="1.3"):
-        cfg = compose("train", overrides=[*overrides, "runner=sequential", "runner.n_actors=2"])
+    cfg = compose_train([*overrides, "runner=sequential", "runner.n_actors=2"])
     settings = validate(cfg, [])
     torch.set_num_threads(settings.train.torch_threads)
     torch.manual_seed(settings.train.seed)

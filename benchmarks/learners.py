@@ -37,15 +37,11 @@ CASES = {"mlp": ["+env=cartpole"], "cnn": ["+env=minatar"]}
 
 def _build(overrides: list[str], group=None):
     """The run's learner (joined to `group`) and one real batch for it."""
-    from hydra import compose, initialize_config_dir
-
     from maze_cli.cli.build import build_run, check_env
-    from maze_cli.cli.paths import config_dir
-    from maze_cli.config.schema import register_configs, validate
+    from maze_cli.cli.paths import compose_train
+    from maze_cli.config.schema import validate
 
-    register_configs()
-    with initialize_config_dir(str(config_dir()), version_base="1.3"):
-        cfg = compose("train", overrides=[*overrides, "runner=sequential", "runner.n_actors=2", "learner.precision=fp32"])
+    cfg = compose_train([*overrides, "runner=sequential", "runner.n_actors=2", "learner.precision=fp32"])
     settings = validate(cfg, [])
     torch.set_num_threads(settings.train.torch_threads)
     torch.manual_seed(settings.train.seed)

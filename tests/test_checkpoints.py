@@ -155,15 +155,11 @@ def test_rng_streams_continue_identically_after_a_round_trip_through_a_file(tmp_
 
 
 def build(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-
     from maze_cli.cli.build import build_run, check_env
-    from maze_cli.cli.paths import config_dir
-    from maze_cli.config import register_configs, validate
+    from maze_cli.cli.paths import compose_train
+    from maze_cli.config import validate
 
-    register_configs()
-    with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
-        settings = validate(compose("train", overrides=overrides), [])
+    settings = validate(compose_train(overrides), [])
     return build_run(settings, *check_env(settings))
 
 

@@ -140,15 +140,11 @@ def test_tuned_settings_of_an_env_and_algorithm_apply_to_that_pair_only(tmp_path
 
 def composed_here(*overrides: str) -> dict:
     """The config `train <overrides> --cfg job` prints, composed in this process (no interpreter to start)."""
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from maze_cli.cli.paths import config_dir
-    from maze_cli.config import register_configs
+    from maze_cli.cli.paths import compose_train
 
-    register_configs()
-    with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
-        return OmegaConf.to_container(compose("train", overrides=list(overrides)))
+    return OmegaConf.to_container(compose_train(overrides))
 
 
 def test_in_process_composition_is_the_clis():

@@ -209,14 +209,10 @@ def test_a_ray_started_by_maze_cli_fits_every_actor_and_is_shut_down(tmp_path):
 def test_without_ray_installed_runner_ray_says_how_to_install(monkeypatch):
     import importlib.util
 
-    from hydra import compose, initialize_config_dir
-
-    from maze_cli.cli.paths import config_dir
+    from maze_cli.cli.paths import compose_train
     from maze_cli.config import schema
 
-    schema.register_configs()
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        cfg = compose("train", overrides=["+env=cartpole", "runner=ray"])
+    cfg = compose_train(["+env=cartpole", "runner=ray"])
     real = importlib.util.find_spec
     monkeypatch.setattr(schema.importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     with pytest.raises(schema.ConfigError, match=r"pip install 'maze_cli\[ray\]'"):

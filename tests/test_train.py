@@ -149,15 +149,11 @@ def test_the_console_shows_a_row_at_most_every_interval_and_always_the_last(capl
     (["+env=cartpole", "runner.envs_per_actor=4", "eval.interval=3"], 4, 3),
 ])
 def test_keys_left_null_take_the_algorithms_defaults(args, envs, evals):
-    from hydra import compose, initialize_config_dir
-
     from maze_cli.cli.build import build_run, check_env
-    from maze_cli.cli.paths import config_dir
-    from maze_cli.config import register_configs, validate
+    from maze_cli.cli.paths import compose_train
+    from maze_cli.config import validate
 
-    register_configs()
-    with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
-        settings = validate(compose("train", overrides=args + ["runner=sequential"]), [])
+    settings = validate(compose_train(args + ["runner=sequential"]), [])
     factory, obs_space, act_space = check_env(settings)
     actors = build_run(settings, factory, obs_space, act_space).runner
     actors = getattr(actors, "actors", actors)
