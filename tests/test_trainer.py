@@ -18,6 +18,18 @@ def _raise_terminated_for_test(signum, frame):
     raise TerminatedForTest()
 
 
+@pytest.fixture
+def stop_signals_as_train_has_them():
+    """SIGINT raises KeyboardInterrupt (pytest started as a background job would inherit it ignored)
+    and SIGTERM raises TerminatedForTest, as train's own handler raises Terminated."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _raise_terminated_for_test)
+    yield
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
 SAFETY_STEPS = 1000  # 100 updates: a run that misses its stop condition fails fast instead of hanging
 
 
@@ -99,17 +111,13 @@ class InterruptedWriter(FakeWriter):
 
 
 @pytest.mark.parametrize("signum, raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, TerminatedForTest)])
-def test_an_interrupt_while_a_row_is_written_waits_until_every_writer_has_it(signum, raised):
+def test_an_interrupt_while_a_row_is_written_waits_until_every_writer_has_it(signum, raised, stop_signals_as_train_has_them):
     """stats.jsonl and TensorBoard are written one after the other: a signal between them must not
     leave an epoch in one file and not the other."""
     first, second = InterruptedWriter(signum), FakeWriter()
     trainer = Trainer(FakeLoop(), Budget(max_env_steps=SAFETY_STEPS, epoch_length=2), [first, second], progress=False)
-    previous = signal.signal(signal.SIGTERM, _raise_terminated_for_test)
-    try:
-        with pytest.raises(raised):
-            trainer.run()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with pytest.raises(raised):
+        trainer.run()
     assert [row["epoch"] for row in first.rows] == [row["epoch"] for row in second.rows] == [1]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
@@ -128,16 +136,12 @@ class InterruptedLoop(FakeLoop):
 
 
 @pytest.mark.parametrize("signum, raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, TerminatedForTest)])
-def test_an_interrupt_while_the_epochs_row_is_made_counts_the_epoch_once(signum, raised):
+def test_an_interrupt_while_the_epochs_row_is_made_counts_the_epoch_once(signum, raised, stop_signals_as_train_has_them):
     """The epoch is counted, then its row assembled: a signal in between must not count it again
     on the way out (the resumed run's rows would skip an epoch)."""
     trainer, _, writer = make(InterruptedLoop(signum), epoch_length=2)
-    previous = signal.signal(signal.SIGTERM, _raise_terminated_for_test)
-    try:
-        with pytest.raises(raised):
-            trainer.run()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with pytest.raises(raised):
+        trainer.run()
     assert [row["epoch"] for row in writer.rows] == [1] and trainer.epoch == 1
     assert writer.rows[0]["learner/updates"] == 2
 
