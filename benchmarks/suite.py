@@ -8,7 +8,8 @@ fixed step budget, for each candidate setting, env and seed.
 
 The suite: CartPole-v1 and Acrobot-v1 (vector observations), GoalGrid (benchmarks/suite_envs.py: a
 7x7 goal-reaching task with Dict observations, agent and goal), PointReach (suite_envs.py: Box
-actions, steer a point to a goal), Pendulum-v1 (Box actions), MiniGrid-Empty-5x5 (a sparse reward
+actions, steer a point to a goal), Pendulum-v1 (Box actions), Lander (suite_envs.py: discrete thrusters,
+long episodes, a shaped reward and +-100 at the end: the kind of task LunarLander is), MiniGrid-Empty-5x5 (a sparse reward
 from a third-party package: 1 - 0.9 t / 100 at the goal, 0 otherwise; Dict of a 7x7x3 view and a
 direction; needs the `minigrid` extra), MinAtar Breakout (10x10x4 images, the CNN policy; needs the
 `minatar` extra). Each run is one `train` process,
@@ -75,6 +76,8 @@ SUITE = {
     "goalgrid": SuiteEnv(("+env=goalgrid",), optimal_return() - 1.0, 300_000, 60),
     "reach": SuiteEnv(("+env=reach",), reach_optimal_return() - 2.5, 1_000_000, 60),
     "pendulum": SuiteEnv(("+env=pendulum",), -250.0, 1_000_000, 60),
+    # discrete control with long episodes and a shaped reward (suite_envs.Lander; a hand-made pilot scores about 233)
+    "lander": SuiteEnv(("+env=lander",), 200.0, 2_000_000, 150),
     "minigrid": SuiteEnv(("+env=gym", "env.id=MiniGrid-Empty-5x5-v0", "+env.obs_keys=[direction,image]"), 0.9, 400_000, 120,
                          judged_on_eval=True),
     "minatar": SuiteEnv(("+env=minatar",), 10.0, 2_000_000, 180),
@@ -100,6 +103,7 @@ HELDOUT = {
 SUITES = {"dev": SUITE, "heldout": HELDOUT}
 ENV_CONFIGS = {"reference.yaml": "_target_: mpe2.simple_reference_v3.parallel_env\nmax_cycles: 25\ncontinuous_actions: false\n",
                "goalgrid.yaml": "_target_: suite_envs.GoalGrid\n", "reach.yaml": "_target_: suite_envs.PointReach\n",
+               "lander.yaml": "_target_: suite_envs.Lander\n",
                "repeat.yaml": "_target_: suite_envs.RepeatFirst\nn_symbols: 4\nlength: 8\n"}
 
 

@@ -1,5 +1,6 @@
 """Envs of the defaults suites that no package ships: a goal-reaching task with Dict observations, a point to
-steer with Box actions, a memory task, and (held-out suite) CartPole with its velocities hidden.
+steer with Box actions, a craft to land with discrete thrusters, a memory task, and (held-out suite) CartPole
+with its velocities hidden.
 
 GoalGrid is what many real tasks look like to a policy: several named inputs (where I am, where I
 must go), a sparse-ish objective, short episodes. A policy that reads both inputs walks the shortest
@@ -103,6 +104,92 @@ def reach_optimal_return(episodes: int = 2000, seed: int = 0) -> float:
         while not done:
             offset = obs[2:] - obs[:2]
             obs, reward, terminated, truncated, _ = env.step(np.clip(offset / env.speed, -1.0, 1.0))
+            total += reward
+            done = terminated or truncated
+    return total / episodes
+
+
+class Lander(gym.Env):
+    """Land a point craft on a pad with discrete thrusters: long episodes, a shaped reward and a large
+    reward at the end, the kind of control task LunarLander is (a development task of that kind, so that
+    LunarLander itself stays held out).
+
+    Observation: Box(4,) (position x, y and velocity vx, vy; the pad at the origin). Actions: Discrete(4):
+    nothing, the main engine (up), the left or the right engine (a push to the right or to the left).
+    Gravity pulls down. Reward: the change of a potential that grows as the craft nears the pad and slows
+    down, minus fuel (the main engine 10 times a side one's); touching the ground ends the episode
+    with +100 if the craft is on the pad and slow, -100 otherwise; leaving the area ends it with -100;
+    truncated after `max_steps`. Starts high above the pad, off to a side, drifting."""
+
+    metadata = {"render_modes": []}
+    DT, GRAVITY, MAIN, SIDE = 0.02, 1.0, 2.0, 1.0  # seconds a step; accelerations in units/s^2
+    FUEL = 0.12  # the main engine's cost a step (a side engine's: a tenth of it)
+    PAD, SAFE_SPEED = 0.25, 0.5  # half-width of the pad; the fastest landing (each velocity component) that is not a crash
+
+    def __init__(self, max_steps: int = 1000):
+        self.max_steps = max_steps
+        self.observation_space = gym.spaces.Box(np.array([-1.5, -0.5, -5.0, -5.0], np.float32),
+                                                np.array([1.5, 2.5, 5.0, 5.0], np.float32))
+        self.action_space = gym.spaces.Discrete(4)
+        self._state = np.zeros(4)
+        self._steps = 0
+
+    def _potential(self) -> float:
+        x, y, vx, vy = self._state
+        return -100.0 * float(np.hypot(x, y)) - 100.0 * float(np.hypot(vx, vy))
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        r = self.np_random
+        self._state = np.array([r.uniform(-0.8, 0.8), r.uniform(1.2, 1.6), r.uniform(-0.3, 0.3), r.uniform(-0.2, 0.0)])
+        self._steps = 0
+        return self._obs(), {}
+
+    def _obs(self) -> np.ndarray:
+        return np.clip(self._state, self.observation_space.low, self.observation_space.high).astype(np.float32)
+
+    def step(self, action):
+        action = int(action)
+        before = self._potential()
+        ax = {2: self.SIDE, 3: -self.SIDE}.get(action, 0.0)
+        ay = -self.GRAVITY + (self.MAIN if action == 1 else 0.0)
+        x, y, vx, vy = self._state
+        vx, vy = vx + ax * self.DT, vy + ay * self.DT
+        x, y = x + vx * self.DT, y + vy * self.DT
+        self._state = np.array([x, y, vx, vy])
+        self._steps += 1
+        reward = self._potential() - before - self.FUEL * (1.0 if action == 1 else 0.1 if action in (2, 3) else 0.0)
+        terminated = False
+        if y <= 0.0:
+            landed = abs(x) <= self.PAD and abs(vx) <= self.SAFE_SPEED and abs(vy) <= self.SAFE_SPEED
+            reward, terminated = reward + (100.0 if landed else -100.0), True
+        elif abs(x) > 1.5 or y > 2.5:
+            reward, terminated = reward - 100.0, True
+        return self._obs(), reward, terminated, self._steps >= self.max_steps, {}
+
+
+def lander_controller(obs: np.ndarray) -> int:
+    """A hand-made pilot for Lander: over the pad, brake to a slow descent; else drift towards it."""
+    x, y, vx, vy = (float(v) for v in obs)
+    if vy < -(0.2 + 0.6 * y):
+        return 1
+    want_vx = -0.8 * x
+    if vx < want_vx - 0.1:
+        return 2
+    if vx > want_vx + 0.1:
+        return 3
+    return 0
+
+
+def lander_controller_return(episodes: int = 1000, seed: int = 0) -> float:
+    """Mean return of `lander_controller` on Lander over `episodes` seeded episodes: what a simple sound
+    policy scores, the scale the suite's target is read against."""
+    env, total = Lander(), 0.0
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done = False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(lander_controller(obs))
             total += reward
             done = terminated or truncated
     return total / episodes
