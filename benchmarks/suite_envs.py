@@ -94,19 +94,25 @@ class PointReach(gym.Env):
         return self._obs(), -distance, False, self._steps >= self.max_steps, {}
 
 
-def reach_optimal_return(episodes: int = 2000, seed: int = 0) -> float:
-    """Mean return of the best policy on PointReach (full speed along the sign of the offset, no
-    overshoot), estimated over `episodes` seeded episodes."""
-    env, total = PointReach(), 0.0
+def mean_return(env: gym.Env, act, episodes: int, seed: int) -> float:
+    """Mean return of the policy `act(observation) -> action` on `env` over `episodes` episodes seeded
+    seed, seed + 1, ...: the scale a suite target is read against."""
+    total = 0.0
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
         done = False
         while not done:
-            offset = obs[2:] - obs[:2]
-            obs, reward, terminated, truncated, _ = env.step(np.clip(offset / env.speed, -1.0, 1.0))
+            obs, reward, terminated, truncated, _ = env.step(act(obs))
             total += reward
             done = terminated or truncated
     return total / episodes
+
+
+def reach_optimal_return(episodes: int = 2000, seed: int = 0) -> float:
+    """Mean return of the best policy on PointReach (full speed along the sign of the offset, no
+    overshoot), estimated over `episodes` seeded episodes."""
+    env = PointReach()
+    return mean_return(env, lambda obs: np.clip((obs[2:] - obs[:2]) / env.speed, -1.0, 1.0), episodes, seed)
 
 
 class Lander(gym.Env):
@@ -125,11 +131,12 @@ class Lander(gym.Env):
     DT, GRAVITY, MAIN, SIDE = 0.02, 1.0, 2.0, 1.0  # seconds a step; accelerations in units/s^2
     FUEL = 0.12  # the main engine's cost a step (a side engine's: a tenth of it)
     PAD, SAFE_SPEED = 0.25, 0.5  # half-width of the pad; the fastest landing (each velocity component) that is not a crash
+    WIDTH, CEILING = 1.5, 2.5  # the area: |x| <= WIDTH, y <= CEILING
 
     def __init__(self, max_steps: int = 1000):
         self.max_steps = max_steps
-        self.observation_space = gym.spaces.Box(np.array([-1.5, -0.5, -5.0, -5.0], np.float32),
-                                                np.array([1.5, 2.5, 5.0, 5.0], np.float32))
+        self.observation_space = gym.spaces.Box(np.array([-self.WIDTH, -0.5, -5.0, -5.0], np.float32),
+                                                np.array([self.WIDTH, self.CEILING, 5.0, 5.0], np.float32))
         self.action_space = gym.spaces.Discrete(4)
         self._state = np.zeros(4)
         self._steps = 0
@@ -163,7 +170,7 @@ class Lander(gym.Env):
         if y <= 0.0:
             landed = abs(x) <= self.PAD and abs(vx) <= self.SAFE_SPEED and abs(vy) <= self.SAFE_SPEED
             reward, terminated = reward + (100.0 if landed else -100.0), True
-        elif abs(x) > 1.5 or y > 2.5:
+        elif abs(x) > self.WIDTH or y > self.CEILING:
             reward, terminated = reward - 100.0, True
         return self._obs(), reward, terminated, self._steps >= self.max_steps, {}
 
@@ -183,16 +190,8 @@ def lander_controller(obs: np.ndarray) -> int:
 
 def lander_controller_return(episodes: int = 1000, seed: int = 0) -> float:
     """Mean return of `lander_controller` on Lander over `episodes` seeded episodes: what a simple sound
-    policy scores, the scale the suite's target is read against."""
-    env, total = Lander(), 0.0
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        done = False
-        while not done:
-            obs, reward, terminated, truncated, _ = env.step(lander_controller(obs))
-            total += reward
-            done = terminated or truncated
-    return total / episodes
+    policy scores."""
+    return mean_return(Lander(), lander_controller, episodes, seed)
 
 
 class RepeatFirst(gym.Env):
