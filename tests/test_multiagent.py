@@ -313,3 +313,19 @@ def test_ppo_learns_mpes_simple_spread(tmp_path):
     assert result.returncode == 0, result.stderr
     best = max(row["eval/return_mean"] for row in read_stats(run_dir) if "eval/return_mean" in row)
     assert best >= -23.5, best  # random play: -26.5 +- 0.9 for a mean of 20 episodes x 3 agents
+
+
+@pytest.mark.parametrize("algorithm,override,scaled", [("impala", None, False), ("ppo", None, False),
+                                                       ("impala", "algorithm.normalize_reward=true", True)])
+def test_the_rewards_of_several_agents_with_box_actions_are_scaled_only_when_asked(tmp_path, algorithm, override, scaled):
+    """`normalize_reward: null` scales rewards for Box actions, but not where several agents act: on MPE
+    scaled returns made the shared policy collapse (benchmarks/SUITE.md). The observations of Box actions
+    are still normalized."""
+    pytest.importorskip("mpe2")
+    run_dir = tmp_path / "run"
+    result = run_train("+env=simple_spread", "env.continuous_actions=true", f"algorithm={algorithm}", "runner=sequential",
+                       "max_env_steps=3000", "epoch_length=1", "eval.interval=0", *([override] if override else []), run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert ("reward_scaler" in checkpoint["learner"]["algorithm"]) is scaled
+    assert any(key.startswith("obs_normalizer.") for key in checkpoint["learner"]["policy"])

@@ -51,7 +51,7 @@ class ImpalaConfig:
     # frozen in evaluation, saved in checkpoints, used by rollout); null: on for continuous (Box) actions
     normalize_obs: Optional[bool] = None
     # rewards divided by the running std of the discounted return (followed per env across rollouts), clipped
-    # at 10; null: on for continuous (Box) actions
+    # at 10; null: on for continuous (Box) actions of a single-agent env
     normalize_reward: Optional[bool] = None
     # image observations normalized too, each pixel by its own running mean/std (Sample Factory's normalize_input):
     # the static background of a game's frames becomes 0, and what moves stands out
@@ -143,7 +143,7 @@ class Impala(ImpalaConfig, Algorithm):
     network_defaults = {"activation": "tanh"}
 
     def build(self, parts: Components) -> Run:
-        normalize_obs, normalize_reward = normalization(self.normalize_obs, self.normalize_reward, parts.action_space)
+        normalize_obs, normalize_reward = normalization(self.normalize_obs, self.normalize_reward, parts)
         kwargs = {"network": parts.network, "shared_network": self.shared_network, "normalize_obs": normalize_obs,
                   "normalize_images": self.normalize_images, "action_mask_key": parts.action_mask_key}
         policy, blueprint = grouped_policy(ActorCritic, parts, kwargs, {"log_std_init": self.log_std_init})

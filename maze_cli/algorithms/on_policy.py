@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import torch
@@ -16,6 +16,9 @@ from maze_cli.normalization import RewardScaler
 from maze_cli.parallel.distributed_actors import DistributedActors
 from maze_cli.policies.actor_critic import ActorCritic
 from maze_cli.records import Rollout
+
+if TYPE_CHECKING:
+    from maze_cli.algorithms.base import Components
 
 
 class ActorCriticObjective(Objective):
@@ -98,11 +101,17 @@ def continuous(action_space: gym.Space) -> bool:
     return isinstance(action_space, gym.spaces.Box)
 
 
-def normalization(normalize_obs: bool | None, normalize_reward: bool | None, action_space: gym.Space) -> tuple[bool, bool]:
+def normalization(normalize_obs: bool | None, normalize_reward: bool | None, parts: Components) -> tuple[bool, bool]:
     """The options as set, or (null) on for continuous actions, where returns and observations
-    have scales no default fits (Pendulum's returns reach -1,600), and off for discrete ones."""
-    auto = continuous(action_space)
-    return (auto if normalize_obs is None else normalize_obs), (auto if normalize_reward is None else normalize_reward)
+    have scales no default fits (Pendulum's returns reach -1,600), and off for discrete ones.
+
+    Rewards stay as they are by default where several agents act (a PettingZoo env): on MPE's tasks,
+    returns scaled to a few units, by the running std or by a fixed factor alike, made IMPALA's shared
+    policy collapse below random play on most seeds, and PPO's for a while. Neither happened with the
+    rewards as they are, nor without the values bootstrapped at MPE's time limits (benchmarks/SUITE.md)."""
+    auto = continuous(parts.action_space)
+    scale_rewards = auto and parts.env_factory.agents is None
+    return (auto if normalize_obs is None else normalize_obs), (scale_rewards if normalize_reward is None else normalize_reward)
 
 
 def reward_scaler(enabled: bool, gamma: float) -> RewardScaler | None:

@@ -59,7 +59,7 @@ class PpoConfig:
     adam_eps: float = option(1e-5, gt=0)  # Adam's epsilon
     shared_network: bool = False  # one policy network for the action and value heads (true) or one each
     normalize_obs: Optional[bool] = None  # observations by a running mean/std, as for IMPALA; null: on for Box actions
-    normalize_reward: Optional[bool] = None  # rewards by the return's std, as for IMPALA; null: on for Box actions
+    normalize_reward: Optional[bool] = None  # rewards by the return's std, as for IMPALA; null: on for Box actions, single agent
     normalize_images: bool = False  # each pixel of image observations by its own running mean/std, as for IMPALA
     log_std_init: float = 0.0  # Box actions: the Gaussian's starting log std, as for IMPALA
 
@@ -288,7 +288,7 @@ class Ppo(PpoConfig, Algorithm):
         return self._build(parts, on_policy=True)
 
     def _build(self, parts: Components, **actor_options) -> Run:
-        normalize_obs, normalize_reward = normalization(self.normalize_obs, self.normalize_reward, parts.action_space)
+        normalize_obs, normalize_reward = normalization(self.normalize_obs, self.normalize_reward, parts)
         kwargs = {"network": parts.network, "shared_network": self.shared_network, "normalize_obs": normalize_obs,
                   "normalize_images": self.normalize_images, "action_mask_key": parts.action_mask_key}
         policy, blueprint = grouped_policy(ActorCritic, parts, kwargs, {"log_std_init": self.log_std_init})
