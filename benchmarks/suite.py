@@ -13,7 +13,7 @@ long episodes, a shaped reward and +-100 at the end: the kind of task LunarLande
 from a third-party package: 1 - 0.9 t / 100 at the goal, 0 otherwise; Dict of a 7x7x3 view and a
 direction; needs the `minigrid` extra), MinAtar Breakout (10x10x4 images, the CNN policy; needs the
 `minatar` extra), MPE's simple_spread (3 agents, one shared policy; `multiagent` extra; no target: its
-return at the budget is the figure). Each run is one `train` process,
+return at the budget is the figure), with discrete actions and with Box ones. Each run is one `train` process,
 `eval.interval=0 target_window=100 target_return=<target> max_time_s=<cap>` (and `max_env_steps` out of
 the way: the time cap ends a run that misses its target), and every candidate is judged by the same rule:
 
@@ -32,8 +32,8 @@ The held-out suite (`--suite heldout`, HELDOUT below) is where a default chosen 
 reported and never tuned: LunarLander-v3 (discrete; `box2d`), its continuous version (Box), MiniGrid
 DoorKey-5x5 (a sparse reward behind a key and a door, Dict observations; judged on evaluation), CartPole
 with its velocities hidden (memory, `policy.core=lstm`), MinAtar Asterix (pixels) and MPE's
-simple_reference (two agents that must talk; `multiagent` extra). The last two have no target: their
-return at the budget is the figure.
+simple_reference (two agents that must talk; `multiagent` extra), with discrete actions and with Box
+ones. The last three have no target: their return at the budget is the figure.
 
 Candidates run interleaved (seed by seed, env by env), one process at a time, so that a busy
 stretch of the machine falls on all of them alike.
@@ -88,6 +88,8 @@ SUITE = {
     "repeat4": SuiteEnv(("+env=repeat", "env.n_symbols=4", "env.length=8", "policy.core=lstm"), 0.9, 1_000_000, 240),
     # several agents: MPE simple_spread, 3 agents cover 3 landmarks, one shared policy (no target: the return at the budget)
     "spread": SuiteEnv(("+env=simple_spread",), None, 1_500_000, 180),
+    # the same with Box actions (a force per axis): where the reward scaler's default is decided for several agents
+    "spreadbox": SuiteEnv(("+env=simple_spread", "env.continuous_actions=true"), None, 1_500_000, 180),
 }
 # Held out: never tuned on. Defaults are chosen on SUITE (the development suite) and reported here, one env of each
 # kind a user brings: discrete and Box control, a sparse reward, memory, Dict observations, pixels, several agents.
@@ -102,6 +104,7 @@ HELDOUT = {
     # (SpaceInvaders is not held out: minatar_impala.yaml's entropy_coef was chosen on it and Breakout)
     "asterix": SuiteEnv(("+env=minatar", "env.id=MinAtar/Asterix-v1"), None, 1_500_000, 150),
     "reference": SuiteEnv(("+env=reference",), None, 1_500_000, 180),  # MPE simple_reference: 2 agents talk
+    "referencebox": SuiteEnv(("+env=reference", "env.continuous_actions=true"), None, 1_500_000, 180),  # its Box actions
 }
 SUITES = {"dev": SUITE, "heldout": HELDOUT}
 ENV_CONFIGS = {"reference.yaml": "_target_: mpe2.simple_reference_v3.parallel_env\nmax_cycles: 25\ncontinuous_actions: false\n",
