@@ -107,8 +107,8 @@ def normalization(normalize_obs: bool | None, normalize_reward: bool | None, par
 
     Rewards stay as they are by default where several agents act (a PettingZoo env): on MPE's tasks,
     returns scaled to a few units, by the running std or by a fixed factor alike, made IMPALA's shared
-    policy collapse below random play on most seeds, and PPO's for a while. Neither happened with the
-    rewards as they are, nor without the values bootstrapped at MPE's time limits (benchmarks/SUITE.md)."""
+    policy collapse below random play on most seeds, and PPO's for a while. It happened neither with the
+    rewards as they are nor without the values bootstrapped at MPE's time limits (benchmarks/SUITE.md)."""
     auto = continuous(parts.action_space)
     scale_rewards = auto and parts.env_factory.agents is None
     return (auto if normalize_obs is None else normalize_obs), (scale_rewards if normalize_reward is None else normalize_reward)
