@@ -20,6 +20,9 @@ the way: the time cap ends a run that misses its target), and every candidate is
 - time to target: whole-process wall seconds (start-up and shutdown included) until the mean return
   of the last 100 training episodes reaches the env's target, checked after every iteration;
   "-" where the time cap came first;
+- env steps to target: the same runs' env steps when it was reached. Envs differ in speed (Lander takes
+  four times LunarLander's env steps a second), and a setting that learns less per sample can win a fast
+  env on seconds and lose a slow one: the two columns together show it;
 - return at budget: that window mean at the last epoch within `budget` env steps; "solved" where
   the run reached the target before the budget.
 
@@ -153,6 +156,15 @@ def cell_time(outcomes: list[Outcome]) -> str:
     return f"{text} (median {'-' if math.isinf(median) else f'{median:.1f}'})"
 
 
+def cell_steps(outcomes: list[Outcome]) -> str:
+    """Env steps to the target: where envs differ in speed (Lander steps 4x as fast as LunarLander), a setting
+    that learns less per sample can still reach a target sooner in seconds; this column shows it."""
+    counts = [math.inf if math.isinf(o.to_target_s) else o.steps for o in outcomes]
+    text = ", ".join("-" if math.isinf(c) else f"{c / 1e3:,.0f}k" for c in counts)
+    median = statistics.median(counts)
+    return f"{text} (median {'-' if math.isinf(median) else f'{median / 1e3:,.0f}k'})"
+
+
 def cell_return(outcomes: list[Outcome], budget: int) -> str:
     parts = []
     for o in outcomes:
@@ -199,6 +211,12 @@ def main() -> None:
     for name in candidates:
         lines.append(f"| {name} | " + " | ".join("(at budget only)" if suite[e].target is None else cell_time(results[name, e])
                                                  for e in args.envs) + " |")
+    targeted = [e for e in args.envs if suite[e].target is not None]
+    if targeted:
+        lines += ["", "Env steps to the target, per seed:", "",
+                  "| candidate | " + " | ".join(targeted) + " |", "|---|" + "---|" * len(targeted)]
+        for name in candidates:
+            lines.append(f"| {name} | " + " | ".join(cell_steps(results[name, e]) for e in targeted) + " |")
     lines += ["", "Mean return of the last 100 training episodes at the step budget, per seed:", "",
               "| candidate | " + " | ".join(f"{e} at {suite[e].budget / 1e3:,.0f}k" for e in args.envs) + " |",
               "|---|" + "---|" * len(args.envs)]
