@@ -52,7 +52,8 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that replay 
 
 @dataclass
 class ParameterGroup:
-    """One optimizer and the parameters it steps; `max_grad_norm` clips their joint gradient norm."""
+    """One optimizer and the parameters it steps; `max_grad_norm` clips their joint gradient norm, or
+    that of each of `clip_parts` on its own."""
 
     optimizer: Adam
     params: list[nn.Parameter]
@@ -60,6 +61,13 @@ class ParameterGroup:
     loss: str = "loss"  # the name of its loss among the metrics
     lr: float = 0.0  # the lr the schedule starts from
     anneal: bool = False  # the lr falls linearly to 0 over the run's budget
+    clip_parts: list[list[nn.Parameter]] | None = None  # clipped each on its own (None: all together)
+
+    def clip_gradients(self) -> torch.Tensor:
+        """Clip the gradients to `max_grad_norm`; returns their joint norm before clipping."""
+        if self.clip_parts is None:
+            return nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        return torch.stack([nn.utils.clip_grad_norm_(part, self.max_grad_norm) for part in self.clip_parts]).norm()
 
 
 class Learner:
@@ -111,7 +119,7 @@ class Learner:
         for module in objective.modules().values():
             module.to(self.device)
         for name, spec in objective.optimizer_groups().items():
-            self.add_optimizer(name, spec.params, spec.lr, spec.eps, spec.max_grad_norm)
+            self.add_optimizer(name, spec.params, spec.lr, spec.eps, spec.max_grad_norm, spec.clip_parts)
             self.groups[name].loss, self.groups[name].anneal = spec.loss, spec.anneal
         for name in objective.compiled:
             setattr(objective, name, self.loss_function(getattr(objective, name), f"{objective.title} ({name})"))
@@ -179,11 +187,12 @@ class Learner:
 
     # -- setting up ---------------------------------------------------------------------------------
     def add_optimizer(self, name: str, params: Iterable[nn.Parameter], lr: float, eps: float = 1e-8,
-                      max_grad_norm: float | None = None) -> Adam:
+                      max_grad_norm: float | None = None, clip_parts: list[list[nn.Parameter]] | None = None) -> Adam:
         """Adam over `params`, stepped by `step({name: loss})`."""
         params = [p for p in params if p.requires_grad]
         optimizer = Adam(params, lr=lr, eps=eps)
-        self.groups[name] = ParameterGroup(optimizer, params, max_grad_norm, lr=lr)
+        parts = None if clip_parts is None else [[p for p in part if p.requires_grad] for part in clip_parts]
+        self.groups[name] = ParameterGroup(optimizer, params, max_grad_norm, lr=lr, clip_parts=parts)
         return optimizer
 
     def loss_function(self, fn: Callable, name: str) -> Callable:
@@ -243,7 +252,7 @@ class Learner:
             if self.scaler is not None:
                 self.scaler.unscale_(group.optimizer)
             if group.max_grad_norm is not None:
-                norms[name] = nn.utils.clip_grad_norm_(group.params, group.max_grad_norm)
+                norms[name] = group.clip_gradients()
             if self.scaler is not None:
                 self.scaler.step(group.optimizer)
             else:

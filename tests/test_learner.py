@@ -143,6 +143,48 @@ def test_gradients_of_one_loss_never_reach_another_groups_parameters():
     assert float(norms["b"]) == pytest.approx(6.0) and "a" not in norms
 
 
+def test_clip_parts_clip_each_parts_gradient_norm_on_its_own():
+    """A large gradient of one part (a value network fitting returns in the hundreds) no longer shrinks
+    another part's (the policy's) gradient; clipped together, it does. `grad_norm` is the joint norm."""
+    from maze_cli.learner import Learner
+
+    grads = {}
+    for parts in (None, "apart"):
+        a, b = torch.nn.Parameter(torch.tensor(0.0)), torch.nn.Parameter(torch.tensor(0.0))
+        learner = Learner()
+        learner.add_optimizer("g", [a, b], lr=0.1, max_grad_norm=0.5, clip_parts=None if parts is None else [[a], [b]])
+        norms = learner.step({"g": 30.0 * a + 0.4 * b})
+        assert float(norms["g"]) == pytest.approx((30.0 ** 2 + 0.4 ** 2) ** 0.5)
+        grads[parts] = float(a.grad), float(b.grad)
+    assert grads["apart"] == pytest.approx((0.5, 0.4))  # b under the clip keeps its gradient
+    scale = 0.5 / (30.0 ** 2 + 0.4 ** 2) ** 0.5
+    assert grads[None] == pytest.approx((30.0 * scale, 0.4 * scale))
+
+
+@pytest.mark.parametrize("algorithm, shared, option, split", [
+    ("impala", False, None, False), ("impala", False, True, True), ("impala", True, True, False),
+    ("ppo", False, None, False), ("ppo", False, True, True)])
+def test_the_policy_and_value_networks_are_clipped_apart_when_asked(algorithm, shared, option, split):
+    """`algorithm.clip_per_network=true` (IMPALA, PPO, APPO; off by default), with a value network of its own
+    (a shared network has one norm). The parts cover every parameter once, the value side alone in the second."""
+    from maze_cli.algorithms.impala import Impala, ImpalaObjective
+    from maze_cli.algorithms.ppo import Ppo, PpoObjective
+    from maze_cli.policies import ActorCritic
+
+    from tests.learner_cases import CARTPOLE
+
+    policy = ActorCritic(*CARTPOLE, shared_network=shared)
+    hp = {} if option is None else {"clip_per_network": option}
+    objective = ImpalaObjective(policy, Impala(**hp)) if algorithm == "impala" else PpoObjective(policy, Ppo(**hp))
+    parts = objective.optimizer_groups()["policy"].clip_parts
+    if not split:
+        assert parts is None or len(parts) == 1
+        return
+    actor, value = parts
+    assert {id(p) for p in value} == {id(p) for p in [*policy.value_network.parameters(), *policy.value_head.parameters()]}
+    assert sorted(map(id, actor + value)) == sorted(map(id, policy.parameters()))
+
+
 @pytest.mark.slow
 def test_a_compiled_loss_equals_the_eager_one_and_compiles_once_for_every_batch():
     """learner.compile=true: the compiled IMPALA and PPO (annealed clip) updates give the eager update's

@@ -47,6 +47,16 @@ def test_each_group_has_its_own_spaces_and_the_rows_one_layout():
     assert policy.members["first"].network is not policy.members["second"].network
 
 
+def test_every_groups_value_network_is_clipped_apart_from_the_policy_networks():
+    """IMPALA's `clip_per_network` over policy groups: the members' action sides in one part, their value
+    sides in the other, every parameter once."""
+    _, policy = grouped()
+    actor, value = policy.network_parameters()
+    values = [p for m in policy.members.values() for p in [*m.value_network.parameters(), *m.value_head.parameters()]]
+    assert {id(p) for p in value} == {id(p) for p in values}
+    assert sorted(map(id, actor + value)) == sorted(map(id, policy.parameters()))
+
+
 @pytest.mark.parametrize("core", ["identity", "lstm"])
 def test_each_groups_rows_go_to_its_own_policy(core):
     """The grouped policy's outputs on a collected batch are, row by row, those of the row's group's own

@@ -34,6 +34,9 @@ class OptimizerGroup:
     :param loss: the name of this group's loss among the metrics (what a non-finite loss is reported as).
     :param max_grad_norm: clip the group's joint gradient norm; its norm before clipping becomes the
         metric `grad_norm` (`grad_norm/<group>` where several groups clip).
+    :param clip_parts: parts of `params` whose gradient norms are clipped to `max_grad_norm` each on its own
+        (None: their joint norm), so that one network's large gradient does not shrink another's step;
+        `grad_norm` is still the joint norm before clipping.
     :param anneal: the lr falls linearly to 0 over the run's budget (`max_env_steps`, or `max_time_s` where that ends first).
     """
 
@@ -43,6 +46,7 @@ class OptimizerGroup:
     eps: float = 1e-8
     max_grad_norm: float | None = None
     anneal: bool = False
+    clip_parts: list[list[nn.Parameter]] | None = None
 
 
 @dataclass

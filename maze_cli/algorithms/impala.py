@@ -44,6 +44,11 @@ class ImpalaConfig:
     # learn faster without it (their tuning files turn it off; benchmarks/SUITE.md)
     normalize_advantage: bool = True
     max_grad_norm: float = option(0.5, gt=0)  # gradient clipping by global norm
+    # with a value network of its own (shared_network=false), its gradient norm and the policy network's each
+    # clipped to max_grad_norm: where returns run to hundreds the value loss's gradient is far above the clip,
+    # and clipped together it shrinks the policy's step with it. Not the default: faster on one kind of task of
+    # the development suite, and it lost a held-out memory task (benchmarks/SUITE.md)
+    clip_per_network: bool = False
     anneal_lr: bool = False  # lr falls linearly to 0 over the budget: max_env_steps, or max_time_s where that ends first
     adam_eps: float = option(1e-5, gt=0)  # Adam's epsilon
     shared_network: bool = False  # one policy network for the action and value heads (true) or one each

@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 class ActorCriticObjective(Objective):
     """What the objectives of IMPALA, PPO and APPO share: the actor-critic, its one optimizer group
-    ("policy", its gradient norm clipped to `max_grad_norm`), the reward scaler, and the update of
-    the observation statistics after each batch. Subclasses write `steps(batch)`."""
+    ("policy", its gradient norm clipped to `max_grad_norm`: with `clip_per_network`, that of the
+    policy network and that of the value network each on its own), the reward scaler, and the update
+    of the observation statistics after each batch. Subclasses write `steps(batch)`."""
 
     def __init__(self, policy: ActorCritic, hp: Any, normalize_reward: bool = False):
         self.policy = policy
@@ -33,8 +34,10 @@ class ActorCriticObjective(Objective):
 
     def optimizer_groups(self) -> dict[str, OptimizerGroup]:
         hp = self.hp
+        split = getattr(self.policy, "network_parameters", None)  # a user's policy class may not tell its networks apart
+        parts = split() if hp.clip_per_network and split is not None else None
         return {"policy": OptimizerGroup(list(self.policy.parameters()), hp.lr, "loss", hp.adam_eps, hp.max_grad_norm,
-                                         anneal=hp.anneal_lr)}
+                                         anneal=hp.anneal_lr, clip_parts=parts)}
 
     def env_steps(self, batch: Rollout) -> int:
         return batch.rewards.numel()

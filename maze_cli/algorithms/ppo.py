@@ -53,6 +53,7 @@ class PpoConfig:
     value_coef: float = option(0.5, ge=0)  # weight of the value loss
     entropy_coef: float = option(0.0, ge=0)  # weight of the entropy bonus
     max_grad_norm: float = option(0.5, gt=0)  # gradient clipping by global norm
+    clip_per_network: bool = False  # the policy's and the value network's gradient norms clipped each on its own (as IMPALA's option)
     target_kl: Optional[float] = option(None, gt=0)  # stop the batch's passes once a minibatch's approx. KL exceeds 1.5 x this
     anneal_lr: bool = False  # lr falls linearly to 0 over the budget: max_env_steps, or max_time_s where that ends first
     anneal_clip: bool = False  # clip_range likewise

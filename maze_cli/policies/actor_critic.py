@@ -58,6 +58,15 @@ class ActorCritic(Policy):
         self._n_choices = len(mask_parts(action_space)) if action_mask_key is not None else 0
         self._head = self.policy_head._parameters  # acting's head, without a module call (see mlp.layer_plan)
 
+    def network_parameters(self) -> list[list[nn.Parameter]]:
+        """The parameters of the action side and of the value side (value network and head), where each
+        has a network of its own; one list where they share one."""
+        if self.value_network is None:
+            return [list(self.parameters())]
+        value = [*self.value_network.parameters(), *self.value_head.parameters()]
+        ids = {id(p) for p in value}
+        return [[p for p in self.parameters() if id(p) not in ids], value]
+
     def initial_state(self, batch_size: int) -> State:
         value_state = () if self.value_network is None else self.value_network.initial_state(batch_size)
         return self.network.initial_state(batch_size) + value_state

@@ -83,6 +83,14 @@ class PolicyGroups(Policy):
         has_normalizer = [getattr(m, "obs_normalizer", None) is not None for m in self.members.values()]
         self.obs_normalizer = GroupNormalizers(self) if all(has_normalizer) else None
 
+    def network_parameters(self) -> list[list[nn.Parameter]]:
+        """The members' action sides together and their value sides together (`ActorCritic.network_parameters`);
+        one list where a member shares one network or cannot tell."""
+        parts = [getattr(m, "network_parameters", lambda m=m: [list(m.parameters())])() for m in self.members.values()]
+        if any(len(p) != 2 for p in parts):
+            return [list(self.parameters())]
+        return [[q for p in parts for q in p[0]], [q for p in parts for q in p[1]]]
+
     def initial_state(self, batch_size: int) -> State:
         return tuple(s for m in self.members.values() for s in m.initial_state(batch_size))
 
