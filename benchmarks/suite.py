@@ -20,8 +20,8 @@ the way: the time cap ends a run that misses its target), and every candidate is
 - time to target: whole-process wall seconds (start-up and shutdown included) until the mean return
   of the last 100 training episodes reaches the env's target, checked after every iteration;
   "-" where the time cap came first;
-- env steps to target: the same runs' env steps when it was reached. Envs differ in speed (Lander takes
-  four times LunarLander's env steps a second), and a setting that learns less per sample can win a fast
+- env steps to target: the same runs' env steps when it was reached. Envs differ in speed (Lander steps
+  faster than LunarLander, benchmarks/SUITE.md), and a setting that learns less per sample can win a fast
   env on seconds and lose a slow one: the two columns together show it;
 - return at budget: that window mean at the last epoch within `budget` env steps; "solved" where
   the run reached the target before the budget.
@@ -49,6 +49,7 @@ import math
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,20 +150,20 @@ def run_one(env: SuiteEnv, extra: list[str], seed: int, workdir: Path, config_di
     return outcome_of(run_train(overrides, workdir, pythonpath=HERE), env)
 
 
+def cell_to_target(values: list[float], show: Callable[[float], str]) -> str:
+    """Each seed's value and their median, "-" where the cap came first (math.inf)."""
+    def text(v: float) -> str:
+        return "-" if math.isinf(v) else show(v)
+    return f"{', '.join(map(text, values))} (median {text(statistics.median(values))})"
+
+
 def cell_time(outcomes: list[Outcome]) -> str:
-    times = [o.to_target_s for o in outcomes]
-    text = ", ".join("-" if math.isinf(t) else f"{t:.1f}" for t in times)
-    median = statistics.median(times)
-    return f"{text} (median {'-' if math.isinf(median) else f'{median:.1f}'})"
+    return cell_to_target([o.to_target_s for o in outcomes], lambda t: f"{t:.1f}")
 
 
 def cell_steps(outcomes: list[Outcome]) -> str:
-    """Env steps to the target: where envs differ in speed (Lander steps 4x as fast as LunarLander), a setting
-    that learns less per sample can still reach a target sooner in seconds; this column shows it."""
-    counts = [math.inf if math.isinf(o.to_target_s) else o.steps for o in outcomes]
-    text = ", ".join("-" if math.isinf(c) else f"{c / 1e3:,.0f}k" for c in counts)
-    median = statistics.median(counts)
-    return f"{text} (median {'-' if math.isinf(median) else f'{median / 1e3:,.0f}k'})"
+    """Env steps to the target (a run that reached it stopped there)."""
+    return cell_to_target([math.inf if math.isinf(o.to_target_s) else o.steps for o in outcomes], lambda s: f"{s / 1e3:,.0f}k")
 
 
 def cell_return(outcomes: list[Outcome], budget: int) -> str:

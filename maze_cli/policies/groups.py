@@ -86,7 +86,8 @@ class PolicyGroups(Policy):
     def network_parameters(self) -> list[list[nn.Parameter]]:
         """The members' action sides together and their value sides together (`ActorCritic.network_parameters`);
         one list where a member shares one network or cannot tell."""
-        parts = [getattr(m, "network_parameters", lambda m=m: [list(m.parameters())])() for m in self.members.values()]
+        parts = [m.network_parameters() if hasattr(m, "network_parameters") else [list(m.parameters())]
+                 for m in self.members.values()]
         if any(len(p) != 2 for p in parts):
             return [list(self.parameters())]
         return [[q for p in parts for q in p[0]], [q for p in parts for q in p[1]]]
