@@ -66,14 +66,17 @@ class PointReach(gym.Env):
     a velocity: the point moves by `speed * action` (clipped to the square). Reward: minus the distance
     to the goal after the move, every step; no early end, truncated after `max_steps`, so a policy's
     return measures how fast it gets there and how well it stays. Start and goal are uniform.
+    `action_range=(low, high)` gives the action another range, mapped linearly onto [-1, 1] (its middle
+    stands still): the kind of Box whose range is wide and not centred on 0.
     """
 
     metadata = {"render_modes": []}
 
-    def __init__(self, speed: float = 0.1, max_steps: int = 40):
+    def __init__(self, speed: float = 0.1, max_steps: int = 40, action_range: tuple[float, float] = (-1.0, 1.0)):
         self.speed, self.max_steps = speed, max_steps
+        self.low, self.high = float(action_range[0]), float(action_range[1])
         self.observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
-        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Box(self.low, self.high, (2,), np.float32)
         self._position = self._goal = np.zeros(2)
         self._steps = 0
 
@@ -87,7 +90,8 @@ class PointReach(gym.Env):
         return self._obs(), {}
 
     def step(self, action):
-        move = self.speed * np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
+        action = np.clip(np.asarray(action, dtype=np.float64), self.low, self.high)
+        move = self.speed * (2.0 * (action - self.low) / (self.high - self.low) - 1.0)
         self._position = np.clip(self._position + move, -1.0, 1.0)
         self._steps += 1
         distance = float(np.linalg.norm(self._position - self._goal))

@@ -394,3 +394,28 @@ def flat_tictactoe():
             return {"observation": observation["observation"].reshape(-1), "action_mask": observation["action_mask"]}
 
     return FlatObservation(tictactoe_v3.env())
+
+
+class OffsetSteerEnv(gym.Env):
+    """Box actions whose range, [0, 10], is wide and not centred on 0: steer a point on a line to a goal,
+    the action a velocity with 5 standing still, 0 and 10 full speed either way. Reward: minus the distance
+    after the move, every step, for 20 steps. A policy acting around 0 only ever drives left."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)  # [position, goal]
+        self.action_space = gym.spaces.Box(0.0, 10.0, (1,), np.float32)
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.position, self.goal], dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.position, self.goal = self.np_random.uniform(-1.0, 1.0, 2)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        velocity = 0.2 * (float(np.clip(action[0], 0.0, 10.0)) / 5.0 - 1.0)
+        self.position = float(np.clip(self.position + velocity, -1.0, 1.0))
+        self.t += 1
+        return self._obs(), -abs(self.position - self.goal), False, self.t >= 20, {}

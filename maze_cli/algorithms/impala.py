@@ -61,8 +61,9 @@ class ImpalaConfig:
     # image observations normalized too, each pixel by its own running mean/std (Sample Factory's normalize_input):
     # the static background of a game's frames becomes 0, and what moves stands out
     normalize_images: bool = False
-    # Box actions: the Gaussian's log std at the start, a parameter of its own (not a function of the state);
-    # below 0 the policy explores less at first (SB3's MuJoCo settings start at -2)
+    # Box actions: the Gaussian's log std at the start, a parameter of its own (not a function of the state), in units
+    # of the action's half range (the Gaussian is centred in the Box's bounds and scaled to them); below 0 the policy
+    # explores less at first (SB3's MuJoCo settings start at -2)
     log_std_init: float = 0.0
 
 

@@ -12,9 +12,17 @@ from torch import nn
 from maze_cli.envs.action_mask import mask_parts
 from maze_cli.normalization import ObservationNormalizer
 from maze_cli.policies.base import Observations, Policy, PolicyOutput, State
-from maze_cli.policies.distributions import DiagGaussian, make_distribution
+from maze_cli.policies.distributions import DiagGaussian, action_range, make_distribution
 from maze_cli.policies.mlp import linear, mlp_network
 from maze_cli.policies.network import build_network
+
+
+def _actions_unscaled_in_older_checkpoints(module: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
+    """A checkpoint written before the Gaussian lived in the Box's bounds has no `action_scale`: its
+    policy acted with scale 1 and bias 0, and acts so again."""
+    if prefix + "log_std" in state_dict and prefix + "action_scale" not in state_dict:
+        state_dict[prefix + "action_scale"] = torch.ones_like(module.action_scale)
+        state_dict[prefix + "action_bias"] = torch.zeros_like(module.action_bias)
 
 
 class ActorCritic(Policy):
@@ -29,7 +37,10 @@ class ActorCritic(Policy):
         module, so actors, checkpoints and `rollout` use the same ones.
     :param normalize_images: normalize image keys too, each pixel by its own running statistics.
     :param log_std_init: Box actions: the Gaussian's log std before training (a weight like the
-        others, so a checkpoint's policy is rebuilt without it).
+        others, so a checkpoint's policy is rebuilt without it), in units of the action's half range.
+        The Gaussian lives in the Box's bounds: the head's mean 0 is the middle of the range, and its
+        mean and std are scaled by the half range (`action_scale`, `action_bias`), so an action range
+        that is wide or not centred on 0 is explored as [-1, 1] is. Unbounded dims keep scale 1, bias 0.
     :param action_mask_key: the observation key of the action mask (Discrete, MultiDiscrete): forbidden
         actions get probability zero in acting, the learner's log-probs and entropy, and greedy play.
     """
@@ -54,6 +65,10 @@ class ActorCritic(Policy):
         self.value_head = linear((self.value_network or self.network).out_dim, 1, 1.0)
         if self.gaussian:
             self.log_std = nn.Parameter(torch.full((self.distribution.dim,), float(log_std_init)))
+            scale, bias = action_range(action_space)
+            self.register_buffer("action_scale", scale)
+            self.register_buffer("action_bias", bias)
+            self.register_load_state_dict_pre_hook(_actions_unscaled_in_older_checkpoints)
         self._n_policy_state = len(self.network.initial_state(1))
         self._n_choices = len(mask_parts(action_space)) if action_mask_key is not None else 0
         self._head = self.policy_head._parameters  # acting's head, without a module call (see mlp.layer_plan)
@@ -74,7 +89,9 @@ class ActorCritic(Policy):
     def _params(self, params: torch.Tensor) -> torch.Tensor:
         """The distribution's params from the policy head's output (a Gaussian's log std appended)."""
         if self.gaussian:
-            params = torch.cat([params, self.log_std.expand_as(params)], dim=-1)
+            mean = torch.addcmul(self.action_bias, params, self.action_scale)
+            log_std = self.log_std + self.action_scale.log()
+            params = torch.cat([mean, log_std.expand_as(mean)], dim=-1)
         return params
 
     def forward(self, observations: Observations, state: State = (), episode_start: torch.Tensor | None = None,

@@ -23,7 +23,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from maze_cli.policies.distributions import ActionDistribution
+from maze_cli.policies.distributions import ActionDistribution, action_range
 from maze_cli.envs.action_mask import apply_mask
 
 State = tuple[torch.Tensor, ...]
@@ -150,9 +150,9 @@ class Policy(nn.Module, abc.ABC):
 def register_action_bounds(module: nn.Module, action_space: gym.spaces.Box) -> None:
     """Buffers `scale` and `bias` of `module` that map [-1, 1] (a tanh-squashed action) to the Box's
     bounds, flattened: `bias + scale * tanh(u)`."""
-    low, high = action_space.low.flatten(), action_space.high.flatten()
-    module.register_buffer("scale", torch.as_tensor((high - low) / 2, dtype=torch.float32))
-    module.register_buffer("bias", torch.as_tensor((high + low) / 2, dtype=torch.float32))
+    scale, bias = action_range(action_space)
+    module.register_buffer("scale", scale)
+    module.register_buffer("bias", bias)
 
 
 def one_step(observations: Observations, episode_start: torch.Tensor | None) -> tuple[Observations, torch.Tensor | None]:

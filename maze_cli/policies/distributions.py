@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import gymnasium as gym
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -98,15 +99,19 @@ class MultiCategorical(ActionDistribution):
 
 
 class DiagGaussian(ActionDistribution):
-    """Box actions; params are the mean and log std, concatenated. Clipping to bounds happens in the env adapter."""
+    """Box actions; params are the mean and log std, concatenated. Clipping to bounds happens in the env adapter.
 
-    def __init__(self, dim: int):
+    :param log_std_max: the log std's upper clamp, a guard against a std that runs away: 2 in units of
+        [-1, 1], raised by the log of the widest half range where the policy scales to a Box's bounds."""
+
+    def __init__(self, dim: int, log_std_max: float = 2.0):
         self.dim = dim
         self.n_params = 2 * dim
+        self.log_std_max = log_std_max
 
     def _split(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean, log_std = params.split(self.dim, dim=-1)
-        return mean, log_std.clamp(-20.0, 2.0)
+        return mean, log_std.clamp(-20.0, self.log_std_max)
 
     def sample(self, params: torch.Tensor) -> torch.Tensor:
         return self.sample_with_log_prob(params)[0]
@@ -140,5 +145,16 @@ def make_distribution(space: gym.Space) -> ActionDistribution:
     if isinstance(space, gym.spaces.MultiDiscrete):
         return MultiCategorical(list(space.nvec.flatten()))
     if isinstance(space, gym.spaces.Box):
-        return DiagGaussian(int(torch.tensor(space.shape).prod()))
+        scale, _ = action_range(space)
+        return DiagGaussian(scale.numel(), 2.0 + max(0.0, float(scale.log().max())) if scale.numel() else 2.0)
     raise UnsupportedSpaceError(f"action space {space!r} is not supported; use Discrete, MultiDiscrete or Box")
+
+
+def action_range(space: gym.spaces.Box) -> tuple[torch.Tensor, torch.Tensor]:
+    """The half range and the middle of a Box's bounds, flattened: the affine map from [-1, 1] to the
+    env's range. A dim unbounded on either side keeps scale 1 and bias 0."""
+    low, high = space.low.flatten().astype(np.float64), space.high.flatten().astype(np.float64)
+    bounded = np.isfinite(low) & np.isfinite(high) & (high > low)
+    scale = np.where(bounded, (high - low) / 2, 1.0)
+    bias = np.where(bounded, (high + low) / 2, 0.0)
+    return torch.as_tensor(scale, dtype=torch.float32), torch.as_tensor(bias, dtype=torch.float32)
