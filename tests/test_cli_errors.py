@@ -132,6 +132,19 @@ def test_an_env_id_whose_package_is_missing_names_the_package_to_install(tmp_pat
         assert "MiniGrid-Empty-5x5-v0" in result.stdout  # built: the prefix imported the package
 
 
+def test_a_box2d_id_without_box2d_names_the_extra_in_one_line(tmp_path):
+    """gymnasium's own message names gymnasium's extra; ours names maze_cli's."""
+    blocker = tmp_path / "no_box2d" / "Box2D"  # a fake Box2D package that fails to import, as a missing one does
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('No module named Box2D')\n")
+    result = run_train("+env=gym", "env.id=LunarLander-v3", "max_env_steps=1", "eval.interval=0", "runner=sequential",
+                       run_dir=tmp_path / "run", env={"PYTHONPATH": f"{blocker.parent}{os.pathsep}{REPO}"})
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("train: error: env.id=LunarLander-v3: a Box2D env, and Box2D is not installed; "
+                                     "pip install 'maze_cli[box2d]' (or pip install box2d)")
+    assert not (tmp_path / "run" / "stats.jsonl").exists()
+
+
 def test_an_ale_id_works_through_the_generic_gym_config(tmp_path):
     """ALE's own vector env preprocesses frames (84x84); the actors must build the env the check saw."""
     import importlib.util

@@ -269,10 +269,23 @@ class EnvFactory(EnvSource):
     def _register(self) -> None:
         """Import `register`'s module (or, for a known id prefix such as ALE/, its package) so that
         the env's id exists, in every process that makes it; for a MuJoCo id, check MuJoCo and
-        route its warnings (`maze_cli.envs.mujoco`)."""
+        route its warnings (`maze_cli.envs.mujoco`); for a Box2D id, check Box2D."""
         self._import_register_module()
         if is_mujoco_id(self.config["id"]):
             prepare_mujoco(self.config["id"])
+        self._check_box2d()
+
+    def _check_box2d(self) -> None:
+        """gymnasium's Box2D envs need the Box2D package, which gymnasium names by its own extra: name ours."""
+        env_id = self.config["id"]
+        entry_point = gym.spec(env_id).entry_point if env_id in gym.registry else None
+        if not (isinstance(entry_point, str) and entry_point.startswith("gymnasium.envs.box2d")):
+            return
+        try:
+            import Box2D  # noqa: F401
+        except ImportError:
+            raise EnvConfigError(f"env.id={env_id}: a Box2D env, and Box2D is not installed; "
+                                 "pip install 'maze_cli[box2d]' (or pip install box2d)") from None
 
     def _import_register_module(self) -> None:
         env_id = self.config["id"]
