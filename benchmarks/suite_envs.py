@@ -245,3 +245,90 @@ class HideVelocities(gym.ObservationWrapper):
 
     def observation(self, observation: np.ndarray) -> np.ndarray:
         return observation[list(self.KEEP)]
+
+
+class Hover(gym.Env):
+    """Hold a point mass at a target in 3-D with continuous thrust: a dense-reward Box task of a few dims with
+    second-order dynamics (actions set accelerations, not positions), a held-out task of the level suite.
+
+    Observation: Box(9,) (position, velocity, target; all three in the unit cube's scale). Action: Box(3,) in
+    [-1, 1], an acceleration per axis. Reward: minus the distance to the target, minus a small cost of thrust,
+    every step; truncated after `max_steps`. Start, initial velocity and target are random."""
+
+    metadata = {"render_modes": []}
+    DT, THRUST, DRAG, COST = 0.05, 4.0, 0.5, 0.05
+
+    def __init__(self, max_steps: int = 100):
+        self.max_steps = max_steps
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (9,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+        self._position = self._velocity = self._target = np.zeros(3)
+        self._steps = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.concatenate([self._position, self._velocity, self._target]).astype(np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        r = self.np_random
+        self._position, self._target = r.uniform(-1.0, 1.0, (2, 3))
+        self._velocity = r.uniform(-0.5, 0.5, 3)
+        self._steps = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        thrust = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
+        self._velocity = self._velocity + (self.THRUST * thrust - self.DRAG * self._velocity) * self.DT
+        self._position = self._position + self._velocity * self.DT
+        self._steps += 1
+        distance = float(np.linalg.norm(self._position - self._target))
+        reward = -distance - self.COST * float(np.square(thrust).sum())
+        return self._obs(), reward, False, self._steps >= self.max_steps, {}
+
+
+def hover_controller(obs: np.ndarray) -> np.ndarray:
+    """A hand-tuned PD controller for Hover: thrust towards the target, damped by the velocity."""
+    position, velocity, target = obs[:3], obs[3:6], obs[6:]
+    return np.clip(3.0 * (target - position) - 1.5 * velocity, -1.0, 1.0)
+
+
+class CueCorridor(gym.Env):
+    """A memory task with something to do in between (a T-maze, as in Bakker 2002): the first step shows
+    one of `n_cues` cues; then the agent walks a corridor of `length` cells, seeing only where it is not
+    yet at the end; at the end it picks an exit, and the right one is the cue's (reward 1, else 0). A step
+    that does not walk on costs 0.01, and the episode is truncated after 4 x `length` steps. Without memory
+    the best is 1 / n_cues.
+
+    Observation: Box(n_cues + 1,): the cue one-hot (first step only), and 1 at the corridor's end.
+    Actions: Discrete(n_cues + 1): walk on, or exit k (only at the end; elsewhere it stands still)."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, n_cues: int = 2, length: int = 10):
+        self.n_cues, self.length = n_cues, length
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (n_cues + 1,), np.float32)
+        self.action_space = gym.spaces.Discrete(n_cues + 1)
+        self._cue = self._cell = self._steps = 0
+
+    def _obs(self) -> np.ndarray:
+        obs = np.zeros(self.n_cues + 1, np.float32)
+        if self._steps == 0:
+            obs[self._cue] = 1.0
+        obs[-1] = float(self._cell == self.length)
+        return obs
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self._cue, self._cell, self._steps = int(self.np_random.integers(self.n_cues)), 0, 0
+        return self._obs(), {}
+
+    def step(self, action):
+        action = int(action)
+        self._steps += 1
+        truncated = self._steps >= 4 * self.length
+        if self._cell == self.length and action > 0:
+            return self._obs(), float(action - 1 == self._cue), True, False, {}
+        if action == 0 and self._cell < self.length:
+            self._cell += 1
+            return self._obs(), 0.0, False, truncated, {}
+        return self._obs(), -0.01, False, truncated, {}
