@@ -133,9 +133,40 @@ def test_tuned_settings_of_an_env_and_algorithm_apply_to_that_pair_only(tmp_path
     # A user's own env config may bring its own tuning file.
     config_dir = tmp_path / "configs"
     write(config_dir, "env", "mine", "id: CartPole-v1\n")
-    write(config_dir, "tuning", "mine_impala", "# @package _global_\nalgorithm:\n  lr: 0.0042\n")
+    write(config_dir, "tuning", "mine_appo", "# @package _global_\nalgorithm:\n  lr: 0.0042\n")
     mine = yaml.safe_load(composed("--config-dir", str(config_dir), "+env=mine"))
     assert mine["algorithm"]["lr"] == 0.0042
+
+
+def test_the_default_algorithm_is_appo_where_an_env_config_names_none_and_the_families_keep_theirs():
+    import yaml
+
+    def algorithm(*overrides: str) -> str:
+        return yaml.safe_load(composed(*overrides))["algorithm"]["_target_"].rsplit(".", 1)[-1]
+
+    assert algorithm("+env=gym", "env.id=CartPole-v1") == "Appo"  # +env=gym applies no family's choice
+    assert algorithm("+env=pendulum") == "Appo"
+    assert (algorithm("+env=cartpole"), algorithm("+env=acrobot"), algorithm("+env=minatar")) == ("Impala",) * 3
+    assert algorithm("+env=mujoco") == "Ppo" and algorithm("+env=atari") == "Ppo"
+    assert algorithm("+env=cartpole", "algorithm=dqn") == "Dqn"  # the command line wins
+
+
+def test_a_run_that_names_only_its_env_says_which_algorithm_it_got_and_records_what_it_chose(tmp_path):
+    import yaml
+
+    config_dir = tmp_path / "configs"
+    write(config_dir, "env", "mine", "_target_: tests.envs.OffsetSteerEnv\n")  # Box actions
+    short = ["--config-dir", str(config_dir), "+env=mine", "runner=sequential", "max_env_steps=2048", "eval.episodes=1"]
+    result = run_train(*short, run_dir=tmp_path / "default")
+    assert result.returncode == 0, result.stderr
+    assert ("algorithm: Appo, the default for this env (algorithm=impala|ppo|appo|sac|td3|dqn chooses another); chosen for "
+            "this env: algorithm.normalize_obs=true, algorithm.normalize_reward=true") in result.stdout
+    written = yaml.safe_load((tmp_path / "default" / "config.yaml").read_text())["algorithm"]
+    assert (written["normalize_obs"], written["normalize_reward"]) == (True, True)  # what ran, not null
+    named = run_train(*short, "algorithm=impala", "algorithm.normalize_reward=false", run_dir=tmp_path / "named")
+    assert named.returncode == 0, named.stderr
+    assert "the default for this env" not in named.stdout
+    assert "chosen for this env: algorithm.normalize_obs=true\n" in named.stdout  # the key set on the command line is not "chosen"
 
 
 def composed_here(*overrides: str) -> dict:

@@ -144,7 +144,9 @@ def test_train_logs_env_stats_and_success_rates_for_training_and_evaluation(tmp_
 
 def test_env_stats_go_on_after_resume(tmp_path):
     run_dir = tmp_path / "run"
-    args = [*info_env_config(tmp_path, "{distance: sum}"), "runner=sequential", "epoch_length=2", "target_return=null", "eval.interval=0"]
+    # IMPALA's batches of 512 samples here: several epochs within 1,000 env steps (APPO's first batch holds 2,048)
+    args = [*info_env_config(tmp_path, "{distance: sum}"), "algorithm=impala", "runner=sequential", "epoch_length=2", "target_return=null",
+            "eval.interval=0"]
     assert run_train(*args, "max_env_steps=1000", run_dir=run_dir).returncode == 0
     n_before = len(read_stats(run_dir))
     resumed = run_train(f"resume={run_dir}", "max_env_steps=2000", run_dir=run_dir)

@@ -112,7 +112,7 @@ def memory_run(tmp_path, core: str):
     (config_dir / "env").mkdir(parents=True, exist_ok=True)
     (config_dir / "env" / "cue.yaml").write_text("_target_: tests.envs.CueRecallEnv\ndelay: 4\n")
     run_dir = tmp_path / core
-    result = run_train("--config-dir", str(config_dir), "+env=cue", f"policy.core={core}", "runner.envs_per_actor=16",
+    result = run_train("--config-dir", str(config_dir), "+env=cue", "algorithm=impala", f"policy.core={core}", "runner.envs_per_actor=16",
                        "target_return=0.95", "eval.episodes=20", "max_env_steps=250000", run_dir=run_dir)
     assert result.returncode == 0, result.stderr
     return run_dir, read_stats(run_dir)

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from maze_cli.stats.plots import read_stats, write_learning_curve
 from maze_cli.stats.writers import JsonlWriter, read_rows
 
@@ -55,3 +57,19 @@ def test_a_learning_curve_that_cannot_be_written_costs_a_warning_not_the_run(tmp
     thread.join(timeout=60)
     assert not thread.is_alive()
     assert "learning_curve.png not written" in caplog.text
+
+
+def test_a_stat_that_is_nan_is_written_to_stats_jsonl_as_null_and_the_row_is_kept(tmp_path):
+    import numpy as np
+    import torch
+
+    from maze_cli.stats.writers import JsonlWriter, parse_row
+
+    writer = JsonlWriter(tmp_path / "stats.jsonl")
+    # PPO's explained variance is NaN where the returns do not vary: a row must still be written, not crash the run
+    writer.write({"epoch": 1, "env_steps": np.int64(2048), "learner/explained_variance": float("nan"),
+                  "learner/value_mean": torch.tensor(0.5), "learner/lr": np.float32(3e-4), "time/inf": float("inf")})
+    writer.close()
+    row = parse_row((tmp_path / "stats.jsonl").read_text().splitlines()[0])
+    assert row == {"epoch": 1, "env_steps": 2048, "learner/explained_variance": None, "learner/value_mean": 0.5,
+                   "learner/lr": pytest.approx(3e-4), "time/inf": None}

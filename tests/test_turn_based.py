@@ -115,7 +115,7 @@ def test_a_self_play_run_reports_win_draw_and_loss_rates_per_opponent(tmp_path, 
     lines = {m[0]: [float(x) for x in m[1:]] for m in
              re.findall(r"6 games against (\w+): win ([\d.]+), draw ([\d.]+), loss ([\d.]+)", out.stdout)}
     assert sorted(lines) == ["lookahead", "random"], out.stdout
-    assert all(sum(rates) == pytest.approx(1.0, abs=1e-3) for rates in lines.values())
+    assert all(sum(rates) == pytest.approx(1.0, abs=2e-3) for rates in lines.values())  # three rates printed to 3 decimals
 
 
 def _preferring(policy, lowest: bool, by: float = 20.0) -> dict:

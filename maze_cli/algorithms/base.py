@@ -67,6 +67,9 @@ class Run:
     learner: "Learner"
     blueprint: dict[str, Any]
     epoch_length: int = 20  # iterations per epoch: set by build_run from the config or the algorithm
+    # the algorithm's keys left null in the config and chosen by what the env is (e.g. normalize_obs: true for
+    # Box actions): printed in the run's first lines and written into config.yaml, so the run says what it ran
+    chosen: dict[str, Any] = field(default_factory=dict)
 
 
 class Algorithm(abc.ABC):

@@ -155,7 +155,9 @@ class Impala(ImpalaConfig, Algorithm):
         policy, blueprint = grouped_policy(ActorCritic, parts, kwargs, {"log_std_init": self.log_std_init})
         learner = Learner(ImpalaObjective(policy, self, normalize_reward), parts.device, **parts.learner)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps)
-        return Run(OnPolicyLoop(actors, learner), actors, learner, blueprint)
+        chosen = {"normalize_obs": normalize_obs, "normalize_reward": normalize_reward}
+        return Run(OnPolicyLoop(actors, learner), actors, learner, blueprint,
+                   chosen={key: value for key, value in chosen.items() if getattr(self, key) is None})
 
 
 class ImpalaObjective(ActorCriticObjective):

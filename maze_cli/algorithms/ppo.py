@@ -44,7 +44,8 @@ class PpoConfig:
     gae_lambda: float = option(0.95, ge=0, le=1)  # GAE's lambda (0: one-step TD error, 1: Monte Carlo)
     n_rollout_steps: int = option(64, ge=1)  # steps per rollout (T)
     n_epochs: int = option(4, ge=1)  # passes over each batch
-    n_minibatches: int = option(4, ge=1)  # gradient steps per pass (recurrent policies: split by env, whole sequences)
+    # gradient steps per pass (recurrent policies: split by env into whole sequences, at most one minibatch each)
+    n_minibatches: int = option(4, ge=1)
     clip_range: float = option(0.2, gt=0)  # of the probability ratio in the surrogate
     # null: a plain squared value error; a number: the value may move at most this far from its old estimate
     # (the pessimistic max of the clipped and unclipped errors)
@@ -70,6 +71,12 @@ class AppoConfig(PpoConfig):
     """Asynchronous PPO (Sample Factory): actors never wait; V-trace targets correct for the lag."""
 
     _target_: str = "maze_cli.algorithms.ppo.Appo"
+    # The default algorithm: many passes of small minibatches per batch (2 rollouts x 8 envs x 128 steps = 2,048
+    # samples, 10 passes of 32 minibatches of 64), for the level a task reaches at a small budget of env steps
+    # (benchmarks/levels.py); PPO keeps its lighter passes
+    n_rollout_steps: int = option(128, ge=1)
+    n_epochs: int = option(10, ge=1)
+    n_minibatches: int = option(32, ge=1)
     max_policy_lag: int = option(8, ge=0)  # rollouts older than this many policy versions are dropped
     rho_bar: float = option(1.0, gt=0)  # V-trace's clip of the importance ratio in the value targets
     c_bar: float = option(1.0, gt=0)  # V-trace's clip of the trace coefficients
@@ -190,15 +197,13 @@ class PpoObjective(ActorCriticObjective):
         targets = self.targets(batch)
         view = self._view(batch, targets)
         n_columns = view["actions"].shape[1]
-        if n_columns < hp.n_minibatches:
-            raise ValueError(f"algorithm.n_minibatches={hp.n_minibatches} is more than the batch's {n_columns} "
-                             "sequences (a recurrent policy splits by env): lower it or collect more envs per batch")
+        n_minibatches = min(hp.n_minibatches, n_columns)  # a recurrent policy's batch splits into whole sequences at most
         clip = hp.clip_range * learner.progress_left() if hp.anneal_clip else hp.clip_range
         clip_t = torch.tensor(clip, device=learner.device)  # a tensor: an annealed clip never recompiles the loss
         learner.timings["forward"] += time.perf_counter() - t0
         self._batch = {"targets": targets, "clip": clip, "stopped": False, "last": None}
         for _ in range(hp.n_epochs):
-            for columns in torch.randperm(n_columns, device=view["actions"].device).chunk(hp.n_minibatches):
+            for columns in torch.randperm(n_columns, device=view["actions"].device).chunk(n_minibatches):
                 mb = self._columns(view, columns)
                 loss, metrics = self.loss(mb["observations"], mb["initial_state"], mb["episode_start"], mb["actions"],
                                           mb["behaviour_logp"], mb["advantages"], mb["returns"], mb["old_values"],
@@ -296,7 +301,9 @@ class Ppo(PpoConfig, Algorithm):
         objective = PpoObjective(policy, self, normalize_reward, vtrace_targets=isinstance(self, Appo))
         learner = Learner(objective, parts.device, **parts.learner)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps, **actor_options)
-        return Run(OnPolicyLoop(actors, learner), actors, learner, blueprint)
+        chosen = {"normalize_obs": normalize_obs, "normalize_reward": normalize_reward}
+        return Run(OnPolicyLoop(actors, learner), actors, learner, blueprint,
+                   chosen={key: value for key, value in chosen.items() if getattr(self, key) is None})
 
 
 @dataclass

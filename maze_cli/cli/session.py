@@ -15,7 +15,8 @@ from typing import Any
 
 import gymnasium as gym
 import torch
-from omegaconf import DictConfig, OmegaConf
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from maze_cli.algorithms.base import Run
 from maze_cli.callbacks import CallbackFailed, Callbacks
@@ -118,6 +119,9 @@ def _train(cfg: DictConfig, settings: Settings, config: dict[str, Any], env_fact
     callbacks = Callbacks(settings.callbacks)  # before anything starts: a callback that cannot be built is one line
     run = build_run(settings, env_factory, observation_space, action_space, trusted, t.trust_checkpoint, group)
     warm_started = _warm_start(run.learner, t, trusted)
+    with open_dict(cfg):  # the keys the algorithm chose by what the env is, as they ran (config.yaml, trackers, checkpoints)
+        cfg.algorithm.update(run.chosen)
+    config["algorithm"].update(run.chosen)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     jsonl, tensorboard = JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")
     files = [ConsoleTable(team=bool(env_factory.agents)), jsonl, tensorboard]
@@ -171,11 +175,25 @@ def _log_start(settings: Settings, run: Run, env_factory: EnvFactory, observatio
         f"{_short(settings.algorithm._target_)} with {_short(settings.runner._target_)}, "
         f"{actors.n_actors} actors x {actors.envs_per_actor} envs{learners}, {torch.get_num_threads()} torch threads per learner"
     )
+    _log_algorithm_choice(settings, run)
     if t.eval.interval > 0:
         deterministic = t.eval.deterministic
         log.info(f"evaluation: {t.eval.episodes} episodes, {'the most likely action' if deterministic else 'sampled actions'} "
                  f"(eval.deterministic={str(deterministic).lower()})"
                  f"{', in the background' if trainer.background_eval is not None else ''}")
+
+
+def _log_algorithm_choice(settings: Settings, run: Run) -> None:
+    """Say where the algorithm came from (the command line, or the default for this env) and what it chose by
+    what the env is: a run that names only its env tells what it got and how to change it."""
+    overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else ["algorithm"]
+    named = any(o.split("=", 1)[0].lstrip("+~") == "algorithm" for o in overrides)
+    chosen = ", ".join(f"algorithm.{key}={str(value).lower()}" for key, value in run.chosen.items())
+    if not named:
+        log.info(f"algorithm: {_short(settings.algorithm._target_)}, the default for this env (algorithm=impala|ppo|appo|sac|td3|dqn "
+                 f"chooses another){f'; chosen for this env: {chosen}' if chosen else ''}")
+    elif chosen:
+        log.info(f"chosen for this env: {chosen}")
 
 
 def _warm_start(learner, t: TrainConfig, trusted: frozenset[str]) -> bool:

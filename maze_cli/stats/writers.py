@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 from maze_cli.disk import writing
 
 log = logging.getLogger("maze_cli")
@@ -18,6 +20,17 @@ class StatsWriter(Protocol):
     def write(self, stats: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
+
+
+def _json_value(value: Any) -> Any:
+    """A stat as JSON holds it: a number that is NaN or infinite (a value function's explained variance where
+    the returns do not vary) as null, since JSON has no NaN; strings and lists as they are."""
+    if isinstance(value, (str, bool, int, list, dict)) or value is None:
+        return value
+    if isinstance(value, np.integer):
+        return int(value)
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def parse_row(line: str) -> dict[str, Any] | None:
@@ -60,7 +73,7 @@ class JsonlWriter:
 
     def write(self, stats: dict[str, Any]) -> None:
         with writing(self.path):
-            self.file.write(json.dumps(stats, allow_nan=False, default=float) + "\n")
+            self.file.write(json.dumps({key: _json_value(value) for key, value in stats.items()}, allow_nan=False) + "\n")
             self.file.flush()
 
     def close(self) -> None:
