@@ -15,7 +15,7 @@ import torch
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
 from maze_cli.algorithms.contract import Step
-from maze_cli.algorithms.on_policy import ActorCriticObjective, OnPolicyLoop, normalization, normalized_advantages
+from maze_cli.algorithms.on_policy import ActorCriticObjective, OnPolicyLoop, chosen_by_env, normalization, normalized_advantages
 from maze_cli.config.schema import option, register_schema
 from maze_cli.learner import Learner
 from maze_cli.policies.actor_critic import ActorCritic
@@ -155,9 +155,8 @@ class Impala(ImpalaConfig, Algorithm):
         policy, blueprint = grouped_policy(ActorCritic, parts, kwargs, {"log_std_init": self.log_std_init})
         learner = Learner(ImpalaObjective(policy, self, normalize_reward), parts.device, **parts.learner)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps)
-        chosen = {"normalize_obs": normalize_obs, "normalize_reward": normalize_reward}
         return Run(OnPolicyLoop(actors, learner), actors, learner, blueprint,
-                   chosen={key: value for key, value in chosen.items() if getattr(self, key) is None})
+                   chosen=chosen_by_env(self, normalize_obs=normalize_obs, normalize_reward=normalize_reward))
 
 
 class ImpalaObjective(ActorCriticObjective):

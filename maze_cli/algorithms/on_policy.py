@@ -117,6 +117,12 @@ def normalization(normalize_obs: bool | None, normalize_reward: bool | None, par
     return (auto if normalize_obs is None else normalize_obs), (scale_rewards if normalize_reward is None else normalize_reward)
 
 
+def chosen_by_env(hp: Any, **resolved: Any) -> dict[str, Any]:
+    """Of the `resolved` values of `hp`'s keys, those the config left null (the algorithm chose them by what the
+    env is): what `Run.chosen` reports."""
+    return {key: value for key, value in resolved.items() if getattr(hp, key) is None}
+
+
 def reward_scaler(enabled: bool, gamma: float) -> RewardScaler | None:
     return RewardScaler(gamma) if enabled else None
 

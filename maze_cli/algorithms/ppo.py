@@ -24,7 +24,7 @@ import torch
 from maze_cli.algorithms.base import Algorithm, Components, Run
 from maze_cli.algorithms.contract import Step
 from maze_cli.algorithms.impala import vtrace
-from maze_cli.algorithms.on_policy import (ActorCriticObjective, OnPolicyLoop, gae, masked_mean, normalization,
+from maze_cli.algorithms.on_policy import (ActorCriticObjective, OnPolicyLoop, chosen_by_env, gae, masked_mean, normalization,
                                            normalized_advantages, value_forced_steps)
 from maze_cli.config.schema import option, register_schema
 from maze_cli.learner import Learner
@@ -306,9 +306,8 @@ class Ppo(PpoConfig, Algorithm):
         objective = PpoObjective(policy, self, normalize_reward, vtrace_targets=isinstance(self, Appo))
         learner = Learner(objective, parts.device, **parts.learner)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps, **actor_options)
-        chosen = {"normalize_obs": normalize_obs, "normalize_reward": normalize_reward}
         return Run(OnPolicyLoop(actors, learner), actors, learner, blueprint,
-                   chosen={key: value for key, value in chosen.items() if getattr(self, key) is None})
+                   chosen=chosen_by_env(self, normalize_obs=normalize_obs, normalize_reward=normalize_reward))
 
 
 @dataclass
