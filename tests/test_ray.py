@@ -37,17 +37,30 @@ def cluster():
 # How long a stopped run's Ray actor processes may take to exit (Ray reaps them; slower under load).
 ACTORS_GONE_S = 30
 
+# Actor processes alive when the running test began: another test's, already judged by that test's own check.
+_earlier_actors: set[str] = set()
 
-def ray_actor_processes() -> list[str]:
-    """Live processes that are (or were made into) maze_cli's Ray actors."""
-    found = []
+
+def _actor_processes() -> set[str]:
+    found = set()
     for entry in Path("/proc").iterdir():
         try:
             if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(b"ray::RayActorBody"):
-                found.append(entry.name)
+                found.add(entry.name)
         except OSError:
             continue
     return found
+
+
+@pytest.fixture(autouse=True)
+def _actors_before_the_test():
+    _earlier_actors.clear()
+    _earlier_actors.update(_actor_processes())
+
+
+def ray_actor_processes() -> list[str]:
+    """Live processes that are (or were made into) maze_cli's Ray actors since this test began."""
+    return sorted(_actor_processes() - _earlier_actors)
 
 
 def make_actors(cluster, env_fn=None, n_actors=2, **kwargs) -> RayDistributedActors:
