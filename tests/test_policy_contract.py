@@ -295,14 +295,17 @@ def test_the_gaussian_starts_in_the_middle_of_a_box_and_spreads_over_its_half_ra
 def test_a_checkpoint_from_before_the_gaussian_was_scaled_acts_as_it_did():
     space = gym.spaces.Box(0.0, 10.0, (1,), np.float32)
     trained = ActorCritic(gym.spaces.Box(-1.0, 1.0, (2,), np.float32), space)
-    older = {k: v for k, v in trained.state_dict().items() if k not in ("action_scale", "action_bias")}
+    older = {k: v for k, v in trained.state_dict().items() if not k.startswith("action_")}
     policy = ActorCritic(gym.spaces.Box(-1.0, 1.0, (2,), np.float32), space)
     policy.load_state_dict(older)
     params, _ = policy.action_params({"obs": torch.zeros(1, 2)}, (), None)
     assert abs(float(params[0, 0])) < 0.1 and float(params[0, 1]) == 0.0  # mean near 0, std 1: unscaled, as then
-    policy.load_state_dict(trained.state_dict())
+    scaled = {k: v for k, v in trained.state_dict().items() if k != "action_log_scale"}  # before its log was kept
+    policy.load_state_dict(scaled)
     params, _ = policy.action_params({"obs": torch.zeros(1, 2)}, (), None)
-    assert abs(float(params[0, 0]) - 5.0) < 0.1  # a checkpoint of today: the middle of the range
+    assert abs(float(params[0, 0]) - 5.0) < 0.1 and abs(float(params[0, 1]) - np.log(5.0)) < 1e-6  # the middle, std 5
+    policy.load_state_dict(trained.state_dict())
+    assert torch.equal(params, policy.action_params({"obs": torch.zeros(1, 2)}, (), None)[0])  # a checkpoint of today
 
 
 @pytest.mark.parametrize("algorithm", ["impala", "ppo"])

@@ -19,10 +19,13 @@ from maze_cli.policies.network import build_network
 
 def _actions_unscaled_in_older_checkpoints(module: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
     """A checkpoint written before the Gaussian lived in the Box's bounds has no `action_scale`: its
-    policy acted with scale 1 and bias 0, and acts so again."""
+    policy acted with scale 1 and bias 0, and acts so again. One written before `action_log_scale`
+    was kept gets it derived from its scale."""
     if prefix + "log_std" in state_dict and prefix + "action_scale" not in state_dict:
         state_dict[prefix + "action_scale"] = torch.ones_like(module.action_scale)
         state_dict[prefix + "action_bias"] = torch.zeros_like(module.action_bias)
+    if prefix + "action_scale" in state_dict and prefix + "action_log_scale" not in state_dict:
+        state_dict[prefix + "action_log_scale"] = state_dict[prefix + "action_scale"].log()
 
 
 class ActorCritic(Policy):
@@ -58,16 +61,18 @@ class ActorCritic(Policy):
         config = dict(network or mlp_network())
         self.network = build_network(config, observation_space)
         self.value_network = None if shared_network else build_network(config, observation_space)
-        self.distribution = make_distribution(action_space)
+        box_range = action_range(action_space) if isinstance(action_space, gym.spaces.Box) else None
+        self.distribution = make_distribution(action_space, box_range)
         self.gaussian = isinstance(self.distribution, DiagGaussian)
         n_head = self.distribution.dim if self.gaussian else self.distribution.n_params
         self.policy_head = linear(self.network.out_dim, n_head, 0.01)
         self.value_head = linear((self.value_network or self.network).out_dim, 1, 1.0)
         if self.gaussian:
             self.log_std = nn.Parameter(torch.full((self.distribution.dim,), float(log_std_init)))
-            scale, bias = action_range(action_space)
+            scale, bias = box_range
             self.register_buffer("action_scale", scale)
             self.register_buffer("action_bias", bias)
+            self.register_buffer("action_log_scale", scale.log())  # shifts the log std at every acting step
             self.register_load_state_dict_pre_hook(_actions_unscaled_in_older_checkpoints)
         self._n_policy_state = len(self.network.initial_state(1))
         self._n_choices = len(mask_parts(action_space)) if action_mask_key is not None else 0
@@ -90,7 +95,7 @@ class ActorCritic(Policy):
         """The distribution's params from the policy head's output (a Gaussian's log std appended)."""
         if self.gaussian:
             mean = torch.addcmul(self.action_bias, params, self.action_scale)
-            log_std = self.log_std + self.action_scale.log()
+            log_std = self.log_std + self.action_log_scale
             params = torch.cat([mean, log_std.expand_as(mean)], dim=-1)
         return params
 

@@ -98,13 +98,17 @@ class MultiCategorical(ActionDistribution):
         return sum(d.entropy(p) for d, p in zip(self.parts, self._split(params)))
 
 
+# The log std's upper clamp in units of [-1, 1]: a guard against a std that runs away.
+LOG_STD_MAX = 2.0
+
+
 class DiagGaussian(ActionDistribution):
     """Box actions; params are the mean and log std, concatenated. Clipping to bounds happens in the env adapter.
 
-    :param log_std_max: the log std's upper clamp, a guard against a std that runs away: 2 in units of
-        [-1, 1], raised by the log of the widest half range where the policy scales to a Box's bounds."""
+    :param log_std_max: the log std's upper clamp: `LOG_STD_MAX`, raised by the log of the widest half
+        range where the policy scales to a Box's bounds."""
 
-    def __init__(self, dim: int, log_std_max: float = 2.0):
+    def __init__(self, dim: int, log_std_max: float = LOG_STD_MAX):
         self.dim = dim
         self.n_params = 2 * dim
         self.log_std_max = log_std_max
@@ -138,15 +142,17 @@ class DiagGaussian(ActionDistribution):
         return (log_std + 0.5 * (1.0 + _LOG_2PI)).sum(-1)
 
 
-def make_distribution(space: gym.Space) -> ActionDistribution:
-    """The distribution for an action space (Discrete, MultiDiscrete, Box)."""
+def make_distribution(space: gym.Space, box_range: tuple[torch.Tensor, torch.Tensor] | None = None) -> ActionDistribution:
+    """The distribution for an action space (Discrete, MultiDiscrete, Box); `box_range` is a Box's
+    `action_range`, where the caller has it already."""
     if isinstance(space, gym.spaces.Discrete):
         return Categorical(int(space.n))
     if isinstance(space, gym.spaces.MultiDiscrete):
         return MultiCategorical(list(space.nvec.flatten()))
     if isinstance(space, gym.spaces.Box):
-        scale, _ = action_range(space)
-        return DiagGaussian(scale.numel(), 2.0 + max(0.0, float(scale.log().max())) if scale.numel() else 2.0)
+        scale, _ = box_range or action_range(space)
+        widest = float(scale.log().max()) if scale.numel() else 0.0
+        return DiagGaussian(scale.numel(), LOG_STD_MAX + max(0.0, widest))
     raise UnsupportedSpaceError(f"action space {space!r} is not supported; use Discrete, MultiDiscrete or Box")
 
 
