@@ -220,33 +220,76 @@ def report(args) -> None:
         plot(groups, args.plot)
 
 
+# Panels: one row per algorithm (PPO's five ids take two), the reported ids first, three panels a row.
+ALGORITHMS = ("ppo", "sac", "td3")
+REPORTED = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
+PLOT_COLUMNS = 3
+# maze_cli with today's settings and SB3 in strong colours; a candidate or a superseded setting (a side with
+# overrides) in a muted one, so that it never reads as today's figure.
+SIDE_COLORS = {"maze_cli": "tab:blue", "sb3": "tab:orange"}
+OTHER_COLORS = ("tab:gray", "tab:green", "tab:purple", "tab:brown", "tab:olive", "tab:pink")
+
+
+def plot_rows(groups: dict) -> list[list[tuple[str, str]]]:
+    """The panels, row by row: each algorithm starts a row; within it the reported ids first, in the
+    order of REPORTED, then the others by name; at most PLOT_COLUMNS a row."""
+    rows = []
+    def first(order: tuple, name: str) -> tuple:
+        return order.index(name) if name in order else len(order), name
+
+    for algorithm in sorted({a for a, _, _, _ in groups}, key=lambda a: first(ALGORITHMS, a)):
+        envs = sorted({e for a, e, _, _ in groups if a == algorithm}, key=lambda e: first(REPORTED, e))
+        rows += [[(algorithm, e) for e in envs[i:i + PLOT_COLUMNS]] for i in range(0, len(envs), PLOT_COLUMNS)]
+    return rows
+
+
+def short_budget(budget: str) -> str:
+    """A budget as a legend shows it: "1,000,000 env steps" -> "1M env steps", "30.0 min" -> "30 min"."""
+    if budget.endswith(" min"):
+        return f"{float(budget.split()[0]):g} min"
+    steps = int(budget.split()[0].replace(",", ""))
+    return f"{steps / 1e6:g}M env steps" if steps >= 1_000_000 else f"{steps / 1e3:g}k env steps"
+
+
 def plot(groups: dict, path: Path) -> None:
+    """A grid of learning curves, one panel per algorithm and env, every seed a thin line, the published
+    figure dashed, each panel's legend below it. About 1,500 px wide at three panels a row."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = sorted({(a, e) for a, e, _, _ in groups})
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
-    for ax, (algorithm, env_id) in zip(axes[0], panels):
-        for (a, e, side, budget), runs in groups.items():
-            if (a, e) != (algorithm, env_id):
-                continue
-            color = "tab:blue" if side == "maze_cli" else "tab:orange" if side == "sb3" else None
-            for i, r in enumerate(sorted(runs, key=lambda r: r["seed"])):
-                steps, _, returns = zip(*within_budget(r))
-                ax.plot(np.asarray(steps) / 1e6, returns, color=color, alpha=0.8, lw=1,
-                        label=f"{side} ({budget}, {len(runs)} seed{'s' * (len(runs) > 1)})" if i == 0 else None)
-        if (algorithm, env_id) in PUBLISHED:
-            value, source = PUBLISHED[algorithm, env_id]
-            ax.axhline(value, color="black", ls="--", lw=1, label=f"{source}: {value:,.0f}")
-        ax.set_title(f"{algorithm.upper()} {env_id}")
-        ax.set_xlabel("env steps (M)")
-        ax.set_ylabel("eval return (10 episodes)")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+    rows = plot_rows(groups)
+    fig, axes = plt.subplots(len(rows), PLOT_COLUMNS, figsize=(5 * PLOT_COLUMNS, 4.8 * len(rows)), squeeze=False,
+                             layout="constrained")
+    others = sorted({side for _, _, side, _ in groups if side not in SIDE_COLORS})
+    colors = {**SIDE_COLORS, **{side: OTHER_COLORS[i % len(OTHER_COLORS)] for i, side in enumerate(others)}}
+    for row_axes, row in zip(axes, rows):
+        for ax in row_axes[len(row):]:
+            ax.set_visible(False)
+        for ax, (algorithm, env_id) in zip(row_axes, row):
+            panel = [((side, budget), runs) for (a, e, side, budget), runs in sorted(groups.items())
+                     if (a, e) == (algorithm, env_id)]
+            most = max(within_budget(r)[-1][0] for _, runs in panel for r in runs)
+            scale, unit = (1e6, "millions") if most >= 200_000 else (1e3, "thousands")
+            for (side, budget), runs in sorted(panel, key=lambda p: p[0][0] in SIDE_COLORS):  # today's on top
+                today = side in SIDE_COLORS
+                for i, r in enumerate(sorted(runs, key=lambda r: r["seed"])):
+                    steps, _, returns = zip(*within_budget(r))
+                    label = f"{side}, {short_budget(budget)}, {len(runs)} seed{'s' * (len(runs) > 1)}"
+                    ax.plot(np.asarray(steps) / scale, returns, color=colors[side], lw=1.3 if today else 0.9,
+                            alpha=0.85 if today else 0.5, label=label if i == 0 else None)
+            if (algorithm, env_id) in PUBLISHED:
+                value, source = PUBLISHED[algorithm, env_id]
+                ax.axhline(value, color="black", ls="--", lw=1, label=f"{source}: {value:,.0f}")
+            ax.set_title(f"{algorithm.upper()} {env_id}", fontsize=11)
+            ax.set_xlabel(f"env steps ({unit})", fontsize=9)
+            ax.set_ylabel("eval return (10 episodes)", fontsize=9)
+            ax.tick_params(labelsize=8)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.15), frameon=False)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 def main() -> None:
