@@ -14,7 +14,7 @@ the last evaluation is `eval.episodes=20` greedy episodes at the end of the budg
 a policy that finds the goal and then loses it shows as lost).
 
 Development tasks (defaults are chosen on them): PointReach, the same with actions in [0, 10] (a Box range
-wide and not centred on 0), GoalGrid (Dict), Lander (long episodes, shaped reward), MiniGrid-Empty-5x5
+wide and not centred on 0), GoalGrid (Dict), Lander (long episodes, shaped reward) and TiltLander (the same with an attitude to keep), MiniGrid-Empty-5x5
 (sparse), RepeatFirst with 2 symbols (memory, `policy.core=lstm`). Held-out tasks (reported, never tuned
 on): Hover (a dense-reward Box task of three dims with second-order dynamics), MiniGrid-DoorKey-5x5 at 400k
 (sparse, behind a key and a door), CueCorridor (a cue to recall after a walk down a corridor, `policy.core=lstm`).
@@ -75,6 +75,8 @@ def tasks() -> dict[str, dict[str, LevelTask]]:
         "reachwide": LevelTask(("+env=reachwide",), 100_000, _random_return(lambda: s.PointReach(action_range=(0.0, 10.0))), reach),
         "goalgrid": LevelTask(("+env=goalgrid",), 100_000, _random_return(s.GoalGrid), s.optimal_return()),
         "lander": LevelTask(("+env=lander",), 1_000_000, _random_return(s.Lander), s.lander_controller_return()),
+        "tiltlander": LevelTask(("+env=tiltlander",), 1_000_000, _random_return(s.TiltLander),
+                                s.mean_return(s.TiltLander(), s.tilt_lander_pilot, 1000, 0)),
         # a sparse reward of 1 - 0.9 t / 100 at the goal; the shortest path (6 steps at most) scores 0.95 or more
         "minigrid": LevelTask((*MINIGRID, "env.id=MiniGrid-Empty-5x5-v0"), 200_000, _random_return(_minigrid("MiniGrid-Empty-5x5-v0")), 0.95),
         "repeat2": LevelTask(("+env=repeat", "env.n_symbols=2", "env.length=6", "policy.core=lstm"), 300_000, 0.5, 1.0),
