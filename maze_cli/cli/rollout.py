@@ -66,31 +66,42 @@ def _parse(argv: list[str]) -> RolloutConfig:
     return validate_section(RolloutConfig, OmegaConf.from_dotlist(argv), "", "rollout")
 
 
-def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
-    from maze_cli.checkpoint import load_checkpoint, load_policy
-    from maze_cli.disk import DiskFull, check_writable_dir
+def load_played(path: Path, allow: List[str], trust: bool):
+    """(payload, policy, env factory) of a checkpoint to play, as `rollout` and `export-policy` load it: the
+    allow-list guards both the policy's blueprint and the callables its env config names (loading runs no
+    code from the file), and the policy must fit the env's spaces."""
+    from maze_cli.checkpoint import load_checkpoint, policy_from_payload
     from maze_cli.envs.factory import EnvFactory
     from maze_cli.errors import CheckpointError
-    from maze_cli.evaluation import run_episodes, seeded_sampling
     from maze_cli.policies.blueprint import check_spaces, refused_env_callables
-    from maze_cli.seeding import derive_seeds
 
-    path = Path(cfg.checkpoint)
-    where = f"checkpoint={cfg.checkpoint}"
-    payload = load_checkpoint(path, cfg.trust_checkpoint, where)
+    where = f"checkpoint={path}"
+    payload = load_checkpoint(path, trust, where)
     env_config = (payload.get("config") or {}).get("env")
     if not isinstance(env_config, dict):
         raise CheckpointError(f"{where}: the checkpoint names no env (config.env)")
-    refused = refused_env_callables(env_config, cfg.allow, cfg.trust_checkpoint)
+    refused = refused_env_callables(env_config, allow, trust)
     if refused:
         what = "its env is built by" if refused[0] == env_config.get("_target_") else "its env is wrapped by"
         raise CheckpointError(f"{where}: {what} '{refused[0]}', a callable the checkpoint names; refused. "
                               f"Allow it by name with allow=[{','.join(refused)}], or trust_checkpoint=true (runs code from the file)")
-    policy = load_policy(path, cfg.allow, cfg.trust_checkpoint, where)
-    policy_config = (payload.get("config") or {}).get("policy")
-    env_factory = EnvFactory.for_policy(env_config, policy_config).resolved()
+    policy = policy_from_payload(payload, allow, trust, where)
+    env_factory = EnvFactory.for_policy(env_config, payload["config"].get("policy")).resolved()
     observation_space, action_space = env_factory.check()
     check_spaces(policy, observation_space, action_space, where)
+    return payload, policy, env_factory
+
+
+def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
+    from maze_cli.disk import DiskFull, check_writable_dir
+    from maze_cli.envs.factory import EnvFactory
+    from maze_cli.evaluation import run_episodes, seeded_sampling
+    from maze_cli.seeding import derive_seeds
+
+    path = Path(cfg.checkpoint)
+    payload, policy, env_factory = load_played(path, cfg.allow, cfg.trust_checkpoint)
+    env_config = payload["config"]["env"]
+    policy_config = payload["config"].get("policy")
     video_path = Path(cfg.video_path) if cfg.video_path else path.parent.parent / "videos" / "rollout.mp4"
     if cfg.video:  # before the episodes run: a place that cannot be written fails at once
         check_writable_dir(video_path.parent, f"video_path={video_path}", "choose another with video_path=<file>")

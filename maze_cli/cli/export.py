@@ -1,0 +1,85 @@
+"""`export-policy checkpoint=<path> format=onnx|torchscript out=<file>`: a trained policy as a file that runs
+without maze_cli (docs/deploying.md). Arguments are `key=value` pairs, checked like `rollout`'s."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from omegaconf import MISSING, OmegaConf
+
+from maze_cli.cli import leave_quickly
+from maze_cli.config.schema import _f, validate_section
+from maze_cli.errors import ConfigError, MazeCliError
+
+
+@dataclass
+class ExportConfig:
+    checkpoint: str = MISSING  # a checkpoints/last.pt or best.pt of a run
+    format: str = _f("onnx", choices=["onnx", "torchscript"])  # onnx (onnxruntime, any language) or torchscript (C++ libtorch)
+    out: Optional[str] = None  # the file to write; default: policy.onnx or policy.pt beside the checkpoint
+    observations: int = _f(1000, ge=1)  # observations of the env the model is checked on against the trained policy
+    seed: int = _f(0, ge=0)  # derives the env seeds of the check's episodes
+    allow: List[str] = field(default_factory=list)  # classes (import paths) the checkpoint may build besides maze_cli's own
+    trust_checkpoint: bool = False  # the checkpoint may name any class and hold pickled objects: runs code from it
+
+
+HELP = """export-policy: write a trained policy as an ONNX or TorchScript file, checked against the policy.
+
+Usage:
+  export-policy checkpoint=<run dir>/checkpoints/best.pt [key=value ...]
+
+Keys:
+  checkpoint=<path>        (required) a checkpoints/last.pt or best.pt of a run
+  format=onnx              onnx (needs pip install 'maze_cli[export]') or torchscript (for C++ libtorch)
+  out=<file>               default: policy.onnx (or policy.pt) beside the checkpoint
+  observations=1000        env observations the model is checked on (recurrent policies: whole episodes)
+  seed=0                   derives the env seeds of the check's episodes
+  allow=[my_pkg.MyNet]     classes of your own the checkpoint may build (policy network, env, env wrapper)
+  trust_checkpoint=false   true: the file may hold pickled objects and name any class (runs code from it)
+
+The model takes the env's raw observations (inputs obs or obs.<key>, batch first, any batch size; state
+for a recurrent policy) and gives the greedy action in the env's space (output action) and the policy's
+outputs (logits, value, ...). It is written only if every output agrees with the trained policy within
+1e-5 and every discrete action is the same. The contract: docs/deploying.md."""
+
+
+def _parse(argv: list[str]) -> ExportConfig:
+    if any(a in ("-h", "--help") for a in argv):
+        print(HELP)
+        sys.exit(0)
+    bad = [a for a in argv if "=" not in a]
+    if bad:
+        raise ConfigError(f"{bad[0]}: arguments are key=value, e.g. export-policy checkpoint=outputs/<run>/checkpoints/best.pt format=onnx")
+    return validate_section(ExportConfig, OmegaConf.from_dotlist(argv), "", "export-policy")
+
+
+def run_export(cfg: ExportConfig) -> None:
+    from maze_cli.export.exporter import export_checkpoint
+    from maze_cli.seeding import derive_seeds
+
+    checkpoint = Path(cfg.checkpoint)
+    out = Path(cfg.out) if cfg.out else checkpoint.with_name("policy.onnx" if cfg.format == "onnx" else "policy.pt")
+    exported = export_checkpoint(checkpoint, cfg.format, out, cfg.observations, derive_seeds(cfg.seed, "export_env", cfg.observations),
+                                 cfg.allow, cfg.trust_checkpoint)
+    worst = ", ".join(f"{name} {value:.2g}" for name, value in exported.parity.max_difference.items())
+    print(f"wrote {exported.path} ({cfg.format}, {exported.size / 1024:.1f} KiB); checked against the trained policy on "
+          f"{exported.parity.observations} observations, max absolute difference: {worst}")
+
+
+def main() -> None:
+    """Console script `export-policy`."""
+    leave_quickly()
+    try:
+        run_export(_parse(sys.argv[1:]))
+    except MazeCliError as err:
+        print(f"export-policy: error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
