@@ -320,3 +320,26 @@ def test_a_checkpoint_whose_env_class_is_not_allowed_is_refused_before_anything_
     proc = _cli(f"checkpoint={checkpoint}", f"out={tmp_path / 'policy.onnx'}")
     assert proc.returncode == 2 and "'tests.envs.CountingEnv', a callable the checkpoint names; refused" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def _rollout(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ROLLOUT), *args], capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(REPO), "PATH": ""})
+
+
+@pytest.mark.parametrize("kind", ["impala_lstm", "ppo_box_normalized"])
+def test_rollout_of_an_exported_model_reports_what_rollout_of_its_checkpoint_does(train, kind, tmp_path):
+    overrides, allow = KINDS[kind]
+    checkpoint = train(kind, overrides)
+    model = export(checkpoint, tmp_path / "policy.onnx", allow=allow).path
+    of_checkpoint, of_model = _rollout(f"checkpoint={checkpoint}", "episodes=3"), _rollout(f"model={model}", "episodes=3")
+    assert of_model.returncode == 0, of_model.stderr
+    assert of_model.stdout == of_checkpoint.stdout and "3 episodes: return" in of_model.stdout
+
+
+def test_rollout_of_a_file_that_is_no_exported_model_is_one_line(tmp_path):
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"not a model")
+    for args, needle in (([f"model={junk}"], "not a model onnxruntime can read"), ([f"model={junk}", "checkpoint=x.pt"], "not both"),
+                         ([f"model={tmp_path / 'none.onnx'}"], "no such file")):
+        proc = _rollout(*args)
+        assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

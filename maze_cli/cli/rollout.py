@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from omegaconf import MISSING, OmegaConf
+from omegaconf import OmegaConf
 
 from maze_cli.cli import leave_quickly
 from maze_cli.config.schema import _f, validate_section
@@ -20,7 +20,8 @@ from maze_cli.errors import ConfigError, MazeCliError, first_line
 
 @dataclass
 class RolloutConfig:
-    checkpoint: str = MISSING  # a checkpoints/last.pt or best.pt of a run
+    checkpoint: Optional[str] = None  # a checkpoints/last.pt or best.pt of a run
+    model: Optional[str] = None  # or a model export-policy wrote (ONNX; TorchScript too), played instead
     episodes: int = _f(10, ge=1)
     seed: int = _f(0, ge=0)  # derives the episodes' env seeds
     deterministic: Optional[bool] = None  # true: the most likely action; false: sampled; null: as the run's evaluation
@@ -36,7 +37,8 @@ Usage:
   rollout checkpoint=<run dir>/checkpoints/best.pt [key=value ...]
 
 Keys:
-  checkpoint=<path>        (required) a checkpoints/last.pt or best.pt of a run
+  checkpoint=<path>        a checkpoints/last.pt or best.pt of a run (this or model= is required)
+  model=<file.onnx>        a model written by export-policy, played with onnxruntime (greedy actions)
   episodes=10              episodes to play, all at once
   seed=0                   derives the episodes' env seeds
   deterministic=null       null: as the run's evaluation acted (eval.deterministic, by default the most
@@ -50,6 +52,7 @@ Examples:
   rollout checkpoint=outputs/2026-11-24/10-00-00/checkpoints/best.pt
   rollout checkpoint=outputs/2026-11-24/10-00-00/checkpoints/best.pt episodes=100 deterministic=false
   rollout checkpoint=outputs/2026-11-24/10-00-00/checkpoints/best.pt episodes=1 video=true
+  rollout model=outputs/2026-11-24/10-00-00/checkpoints/policy.onnx episodes=100
 
 Prints: N episodes: return <mean> +- <std> (min, max), episode length <mean>; for a turn-based game
 (+env=board_game, +env=connect_four), N games against each fixed opponent (random, lookahead), half in
@@ -63,7 +66,11 @@ def _parse(argv: list[str]) -> RolloutConfig:
     bad = [a for a in argv if "=" not in a]
     if bad:
         raise ConfigError(f"{bad[0]}: arguments are key=value, e.g. rollout checkpoint=outputs/<run>/checkpoints/best.pt episodes=10")
-    return validate_section(RolloutConfig, OmegaConf.from_dotlist(argv), "", "rollout")
+    cfg = validate_section(RolloutConfig, OmegaConf.from_dotlist(argv), "", "rollout")
+    if (cfg.checkpoint is None) == (cfg.model is None):
+        raise ConfigError("checkpoint: a value is required (or model=<file.onnx>, an exported model), and only one of them"
+                          if cfg.checkpoint is None else "checkpoint= and model=: give one of them, not both")
+    return cfg
 
 
 def load_played(path: Path, allow: List[str], trust: bool):
@@ -71,25 +78,50 @@ def load_played(path: Path, allow: List[str], trust: bool):
     allow-list guards both the policy's blueprint and the callables its env config names (loading runs no
     code from the file), and the policy must fit the env's spaces."""
     from maze_cli.checkpoint import load_checkpoint, policy_from_payload
-    from maze_cli.envs.factory import EnvFactory
     from maze_cli.errors import CheckpointError
-    from maze_cli.policies.blueprint import check_spaces, refused_env_callables
 
     where = f"checkpoint={path}"
     payload = load_checkpoint(path, trust, where)
     env_config = (payload.get("config") or {}).get("env")
     if not isinstance(env_config, dict):
         raise CheckpointError(f"{where}: the checkpoint names no env (config.env)")
+    check_env_callables(env_config, allow, trust, where, "the checkpoint")
+    policy = policy_from_payload(payload, allow, trust, where)
+    return payload, policy, _env_for(policy, env_config, payload["config"].get("policy"), where)
+
+
+def load_model_played(path: Path, allow: List[str], trust: bool):
+    """(policy, env factory) of a model `export-policy` wrote: its env from the config in its metadata,
+    under the same allow-list as a checkpoint's."""
+    from maze_cli.export.play import ExportedModelPolicy
+
+    where = f"model={path}"
+    policy = ExportedModelPolicy(path)
+    check_env_callables(policy.env_config, allow, trust, where, "the model's metadata")
+    return policy, _env_for(policy, policy.env_config, policy.policy_config, where)
+
+
+def check_env_callables(env_config: dict, allow: List[str], trust: bool, where: str, named_by: str) -> None:
+    """Refuse an env config (from a file) naming a callable outside the allow-list: building the env would run it."""
+    from maze_cli.errors import CheckpointError
+    from maze_cli.policies.blueprint import refused_env_callables
+
     refused = refused_env_callables(env_config, allow, trust)
     if refused:
         what = "its env is built by" if refused[0] == env_config.get("_target_") else "its env is wrapped by"
-        raise CheckpointError(f"{where}: {what} '{refused[0]}', a callable the checkpoint names; refused. "
+        raise CheckpointError(f"{where}: {what} '{refused[0]}', a callable {named_by} names; refused. "
                               f"Allow it by name with allow=[{','.join(refused)}], or trust_checkpoint=true (runs code from the file)")
-    policy = policy_from_payload(payload, allow, trust, where)
-    env_factory = EnvFactory.for_policy(env_config, payload["config"].get("policy")).resolved()
+
+
+def _env_for(policy, env_config: dict, policy_config: dict | None, where: str):
+    """The env factory of the run, checked to have the spaces the policy acts in."""
+    from maze_cli.envs.factory import EnvFactory
+    from maze_cli.policies.blueprint import check_spaces
+
+    env_factory = EnvFactory.for_policy(env_config, policy_config).resolved()
     observation_space, action_space = env_factory.check()
     check_spaces(policy, observation_space, action_space, where)
-    return payload, policy, env_factory
+    return env_factory
 
 
 def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
@@ -98,15 +130,21 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     from maze_cli.evaluation import run_episodes, seeded_sampling
     from maze_cli.seeding import derive_seeds
 
-    path = Path(cfg.checkpoint)
-    payload, policy, env_factory = load_played(path, cfg.allow, cfg.trust_checkpoint)
-    env_config = payload["config"]["env"]
-    policy_config = payload["config"].get("policy")
+    path = Path(cfg.checkpoint or cfg.model)
+    if cfg.model is not None:
+        policy, env_factory = load_model_played(path, cfg.allow, cfg.trust_checkpoint)
+        env_config, policy_config, run_config = policy.env_config, policy.policy_config, {}
+        if env_factory.turn_based or env_factory.policy_groups is not None:
+            raise ConfigError(f"model={path}: its env has several agents; play the checkpoint instead")
+    else:
+        payload, policy, env_factory = load_played(path, cfg.allow, cfg.trust_checkpoint)
+        run_config = payload.get("config") or {}
+        env_config, policy_config = run_config["env"], run_config.get("policy")
     video_path = Path(cfg.video_path) if cfg.video_path else path.parent.parent / "videos" / "rollout.mp4"
     if cfg.video:  # before the episodes run: a place that cannot be written fails at once
         check_writable_dir(video_path.parent, f"video_path={video_path}", "choose another with video_path=<file>")
     seeds = derive_seeds(cfg.seed, "rollout_env", cfg.episodes)
-    run_setting = ((payload.get("config") or {}).get("eval") or {}).get("deterministic", True)  # what the run's evaluation did
+    run_setting = (run_config.get("eval") or {}).get("deterministic", True)  # what the run's evaluation did
     deterministic = bool(run_setting if cfg.deterministic is None else cfg.deterministic)
     if env_factory.turn_based:
         result = _against_opponents(env_factory, policy, seeds, deterministic)
