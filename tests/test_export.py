@@ -87,9 +87,8 @@ def train(tmp_path_factory):
 
 def export(checkpoint: Path, out: Path, fmt: str = "onnx", allow: list[str] | None = None, observations: int = 300):
     from maze_cli.export.exporter import export_checkpoint
-    from maze_cli.seeding import derive_seeds
 
-    return export_checkpoint(checkpoint, fmt, out, observations, derive_seeds(0, "export_env", observations), allow or [])
+    return export_checkpoint(checkpoint, fmt, out, observations, 0, allow or [])
 
 
 def greedy_episodes(checkpoint: Path, allow: list[str], n_envs: int = 4) -> dict[str, np.ndarray]:
@@ -343,3 +342,41 @@ def test_rollout_of_a_file_that_is_no_exported_model_is_one_line(tmp_path):
                          ([f"model={tmp_path / 'none.onnx'}"], "no such file")):
         proc = _rollout(*args)
         assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_policy_group_is_one_model_per_group_checked_on_its_own_agents(train, tmp_path):
+    checkpoint = train("groups", ["+env=simple_adversary", "policy.hidden_sizes=[16]"])
+    with pytest.raises(ConfigError, match="export each with group=<name> \\(its groups: adversaries, good\\)"):
+        export(checkpoint, tmp_path / "all.onnx")
+    from maze_cli.checkpoint import load_policy
+
+    members = load_policy(checkpoint).members
+    for group in ("adversaries", "good"):
+        from maze_cli.export.exporter import export_checkpoint
+
+        exported = export_checkpoint(checkpoint, "onnx", tmp_path / f"{group}.onnx", 200, group=group)
+        assert exported.parity.observations >= 200 and exported.parity.max_difference["action"] == 0
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(exported.path))
+        width = members[group].observation_space.shape[0]
+        assert [(i.name, i.shape) for i in session.get_inputs()] == [("obs", ["batch", width])]
+        assert session.get_modelmeta().custom_metadata_map["group"] == group
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adversaries.onnx", "good.onnx"]
+
+
+def test_a_self_play_games_current_policy_exports_with_its_mask_as_an_input(train, tmp_path):
+    import onnxruntime as ort
+
+    checkpoint = train("selfplay", ["+env=connect_four", "selfplay.pool_size=2", "max_env_steps=600"])
+    exported = export(checkpoint, tmp_path / "policy.onnx", observations=200)
+    assert exported.parity.max_difference["action"] == 0
+    names = [i.name for i in ort.InferenceSession(str(exported.path)).get_inputs()]
+    assert names == ["obs.action_mask", "obs.observation"]
+
+
+def test_a_recurrent_policy_shared_by_the_agents_of_a_multi_agent_env_is_checked_with_its_state(train, tmp_path):
+    checkpoint = train("spread_gru", ["+env=simple_spread", "policy.hidden_sizes=[16]", "policy.core=gru", "policy.core_size=8"])
+    exported = export(checkpoint, tmp_path / "policy.onnx", observations=200)
+    assert exported.parity.observations >= 200
+    assert exported.parity.max_difference["action"] == 0 and exported.parity.max_difference["state_out"] <= 1e-5

@@ -22,6 +22,7 @@ class ExportConfig:
     out: Optional[str] = None  # the file to write; default: policy.onnx or policy.pt beside the checkpoint
     observations: int = _f(1000, ge=1)  # observations of the env the model is checked on against the trained policy
     seed: int = _f(0, ge=0)  # derives the env seeds of the check's episodes
+    group: Optional[str] = None  # a policy group's model (env.policy_groups: one model per group)
     allow: List[str] = field(default_factory=list)  # classes (import paths) the checkpoint may build besides maze_cli's own
     trust_checkpoint: bool = False  # the checkpoint may name any class and hold pickled objects: runs code from it
 
@@ -37,6 +38,7 @@ Keys:
   out=<file>               default: policy.onnx (or policy.pt) beside the checkpoint
   observations=1000        env observations the model is checked on (recurrent policies: whole episodes)
   seed=0                   derives the env seeds of the check's episodes
+  group=<name>             under env.policy_groups: the model of this group (one model per group)
   allow=[my_pkg.MyNet]     classes of your own the checkpoint may build (policy network, env, env wrapper)
   trust_checkpoint=false   true: the file may hold pickled objects and name any class (runs code from it)
 
@@ -58,12 +60,10 @@ def _parse(argv: list[str]) -> ExportConfig:
 
 def run_export(cfg: ExportConfig) -> None:
     from maze_cli.export.exporter import export_checkpoint
-    from maze_cli.seeding import derive_seeds
 
     checkpoint = Path(cfg.checkpoint)
     out = Path(cfg.out) if cfg.out else checkpoint.with_name("policy.onnx" if cfg.format == "onnx" else "policy.pt")
-    exported = export_checkpoint(checkpoint, cfg.format, out, cfg.observations, derive_seeds(cfg.seed, "export_env", cfg.observations),
-                                 cfg.allow, cfg.trust_checkpoint)
+    exported = export_checkpoint(checkpoint, cfg.format, out, cfg.observations, cfg.seed, cfg.allow, cfg.trust_checkpoint, cfg.group)
     worst = ", ".join(f"{name} {value:.2g}" for name, value in exported.parity.max_difference.items())
     print(f"wrote {exported.path} ({cfg.format}, {exported.size / 1024:.1f} KiB); checked against the trained policy on "
           f"{exported.parity.observations} observations, max absolute difference: {worst}")

@@ -75,11 +75,12 @@ def raw_batch(observations: Sequence[Any], inputs: Sequence[ObservationInput], i
 
 
 def metadata(observation_space: gym.Space, action_space: gym.Space, algorithm: str, checkpoint_sha256: str,
-             inputs: Sequence[ObservationInput], outputs: Sequence[str], state_size: int, env: dict, policy: dict | None
-             ) -> dict[str, str]:
+             inputs: Sequence[ObservationInput], outputs: Sequence[str], state_size: int, env: dict, policy: dict | None,
+             group: str | None = None) -> dict[str, str]:
     """The model's metadata, string to string (ONNX `metadata_props`; a TorchScript file's extra file):
-    the spaces, the algorithm, maze_cli's version, the checkpoint's SHA-256, the I/O and the env config
-    `rollout model=` builds its env from. Values other than strings are JSON."""
+    the spaces, the algorithm, maze_cli's version, the checkpoint's SHA-256, the I/O, the env config
+    `rollout model=` builds its env from and, for a policy group's model, the group. Values other than
+    strings are JSON."""
     from maze_cli import __version__
     from maze_cli.envs.spaces import space_to_dict
 
@@ -96,4 +97,5 @@ def metadata(observation_space: gym.Space, action_space: gym.Space, algorithm: s
         "state_size": str(state_size),
         "env": json.dumps(env),
         "policy": json.dumps(policy),
+        **({"group": group} if group is not None else {}),
     }

@@ -11,12 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from torch import nn
+
 from maze_cli.errors import ConfigError, MazeCliError
 from maze_cli.export.contract import metadata
 from maze_cli.export.formats import load_model, write_model
 from maze_cli.export.graph import PolicyGraph
 from maze_cli.export.heads import head_for
-from maze_cli.export.parity import Difference, Parity, check_parity
+from maze_cli.export.parity import Difference, MultiAgentEnvs, Parity, SingleAgentEnvs, check_parity
 
 
 class ExportMismatch(MazeCliError):
@@ -44,31 +46,49 @@ def algorithm_name(config: dict) -> str:
     return target.rsplit(".", 1)[-1].lower()
 
 
-def export_checkpoint(checkpoint: Path, fmt: str, out: Path, n_observations: int, seeds: Sequence[int],
-                      allow: Sequence[str] = (), trust: bool = False) -> Exported:
-    """Write the policy of `checkpoint` to `out` in `fmt` and check it on `n_observations` observations of its
-    env (`seeds` for the episodes); a model that differs is removed and an `ExportMismatch` names the output."""
+def export_checkpoint(checkpoint: Path, fmt: str, out: Path, n_observations: int, seed: int = 0, allow: Sequence[str] = (),
+                      trust: bool = False, group: str | None = None) -> Exported:
+    """Write the policy of `checkpoint` (of a policy group: `group`'s) to `out` in `fmt` and check it on
+    `n_observations` observations of its env (episodes seeded from `seed`); a model that differs is removed and
+    an `ExportMismatch` names the output."""
     from maze_cli.cli.rollout import load_played
     from maze_cli.envs.source import as_env_source
+    from maze_cli.seeding import derive_seeds
 
     payload, policy, env_factory = load_played(checkpoint, list(allow), trust)
+    where = f"checkpoint={checkpoint}"
+    exported = _chosen(policy, group, where)
+    graph = PolicyGraph(head_for(exported, where)).eval()
     source = as_env_source(env_factory)
-    if source.agents:
-        raise ConfigError(f"checkpoint={checkpoint}: its env is a multi-agent one ({source.describe()}), which export-policy "
-                          f"cannot check against the policy yet")
-    graph = PolicyGraph(head_for(policy, f"checkpoint={checkpoint}")).eval()
+    envs = (MultiAgentEnvs(source, policy.eval(), seed, group) if source.agents
+            else SingleAgentEnvs(source, derive_seeds(seed, "export_env", n_observations)))
     config = payload["config"]
-    meta = metadata(policy.observation_space, policy.action_space, algorithm_name(config), sha256(checkpoint), graph.inputs,
-                    graph.outputs, graph.state_size, config["env"], config.get("policy"))
+    meta = metadata(exported.observation_space, exported.action_space, algorithm_name(config), sha256(checkpoint), graph.inputs,
+                    graph.outputs, graph.state_size, config["env"], config.get("policy"), group)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         write_model(graph, fmt, tmp, meta)
         run, _ = load_model(tmp, fmt)
-        result = check_parity(run, graph, source, n_observations, list(seeds))
+        result = check_parity(run, graph, envs, n_observations)
         if isinstance(result, Difference):
             raise ExportMismatch(f"format={fmt}: the exported model's {result}; nothing written")
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
     return Exported(out, out.stat().st_size, result)
+
+
+def _chosen(policy: nn.Module, group: str | None, where: str) -> nn.Module:
+    """The policy to export: `policy` itself, or the member of policy group `group` (one model per group)."""
+    from maze_cli.policies.groups import PolicyGroups
+
+    if isinstance(policy, PolicyGroups):
+        if group not in policy.members:
+            given = "" if group is None else f"group={group}: no such policy group; "
+            raise ConfigError(f"{where}: {given}its policy has a model per group: export each with group=<name> "
+                              f"(its groups: {', '.join(policy.members)})")
+        return policy.members[group]
+    if group is not None:
+        raise ConfigError(f"group={group}: the checkpoint's policy has no policy groups (env.policy_groups); leave group out")
+    return policy
