@@ -34,6 +34,7 @@ KINDS: dict[str, tuple[list[str], list[str]]] = {
     "impala_lstm": (["+env=cartpole", "algorithm=impala", "policy.core=lstm", "policy.core_size=8"], []),
     "ppo_gru": (["+env=cartpole", "algorithm=ppo", "policy.core=gru", "policy.core_size=8"], []),
     "appo_dict_mask": (["+env=masked_choice", "algorithm=appo"], []),
+    "ppo_info_mask": (["+env=info_mask", "algorithm=ppo"], ["tests.test_action_masks.InfoMaskChoice"]),
     "ppo_box_normalized": (["+env=pendulum", "algorithm=ppo", "+algorithm.normalize_obs=true"], []),
     "impala_cnn_uint8": (["+env=pixels", "algorithm=impala", "policy=cnn", "policy.encoder=small"], ["tests.envs.ImageEnv"]),
     "impala_multidiscrete_dict": (["+env=counting", "algorithm=impala", "+env.obs_kind=dict", "+env.action_kind=multidiscrete"], ["tests.envs.CountingEnv"]),
@@ -62,6 +63,7 @@ def _config_dir(root: Path) -> Path:
     (root / "env").mkdir(parents=True, exist_ok=True)
     (root / "policy").mkdir(parents=True, exist_ok=True)
     (root / "env" / "pixels.yaml").write_text("_target_: tests.envs.ImageEnv\nsize: 10\n")
+    (root / "env" / "info_mask.yaml").write_text("_target_: tests.test_action_masks.InfoMaskChoice\n")
     (root / "env" / "counting.yaml").write_text("_target_: tests.envs.CountingEnv\nlength: 7\n")
     (root / "policy" / "bessel.yaml").write_text(f"_target_: {__name__}.BesselFeatures\nwidth: 8\n")
     return root
@@ -102,7 +104,8 @@ def greedy_episodes(checkpoint: Path, allow: list[str], n_envs: int = 4) -> dict
     _, policy, env_factory = load_played(checkpoint, allow, False)
     envs = [env_factory() for _ in range(n_envs)]
     space = policy.observation_space
-    writer, specs, inputs = ObservationWriter(space), observation_specs(space), observation_inputs(space)
+    inputs = observation_inputs(space, env_factory.config.get("action_mask_key") == "info")
+    writer, specs = ObservationWriter(space), observation_specs(space)
     raw = [env.reset(seed=i)[0] for i, env in enumerate(envs)]
     state, starts = policy.initial_state(n_envs), torch.ones(n_envs, dtype=torch.bool)
     arrays: dict[str, np.ndarray] = {}
@@ -219,6 +222,19 @@ def test_the_model_takes_raw_observations_in_the_envs_own_dtype_and_names(train,
     assert meta["checkpoint_sha256"] == hashlib.sha256(train("impala_multidiscrete_dict", overrides).read_bytes()).hexdigest()
 
 
+def test_a_mask_the_env_gives_in_info_is_the_input_action_mask(train, tmp_path):
+    import onnxruntime as ort
+
+    overrides, allow = KINDS["ppo_info_mask"]
+    exported = export(train("ppo_info_mask", overrides), tmp_path / "policy.onnx", allow=allow)
+    session = ort.InferenceSession(str(exported.path))
+    assert [(i.name, i.type) for i in session.get_inputs()] == [("action_mask", "tensor(int8)"), ("obs", "tensor(float)")]
+    only = np.zeros((1, 8), np.int8)
+    only[0, 3] = 1
+    action, logits = session.run(["action", "logits"], {"obs": np.ones((1, 8), np.float32), "action_mask": only})
+    assert action.tolist() == [3] and logits[0, 0] == -1e9
+
+
 def test_a_uint8_frame_stays_uint8_and_a_box_action_stays_within_its_bounds(train, tmp_path):
     import onnxruntime as ort
 
@@ -325,12 +341,14 @@ def _rollout(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(ROLLOUT), *args], capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(REPO), "PATH": ""})
 
 
-@pytest.mark.parametrize("kind", ["impala_lstm", "ppo_box_normalized"])
+@pytest.mark.parametrize("kind", ["impala_lstm", "ppo_box_normalized", "ppo_info_mask"])
 def test_rollout_of_an_exported_model_reports_what_rollout_of_its_checkpoint_does(train, kind, tmp_path):
     overrides, allow = KINDS[kind]
     checkpoint = train(kind, overrides)
     model = export(checkpoint, tmp_path / "policy.onnx", allow=allow).path
-    of_checkpoint, of_model = _rollout(f"checkpoint={checkpoint}", "episodes=3"), _rollout(f"model={model}", "episodes=3")
+    allowed = [f"allow=[{','.join(allow)}]"] if allow else []
+    of_checkpoint = _rollout(f"checkpoint={checkpoint}", "episodes=3", *allowed)
+    of_model = _rollout(f"model={model}", "episodes=3", *allowed)
     assert of_model.returncode == 0, of_model.stderr
     assert of_model.stdout == of_checkpoint.stdout and "3 episodes: return" in of_model.stdout
 

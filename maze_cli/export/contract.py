@@ -4,7 +4,8 @@ the metadata it carries. Torch-free, so that what a deployment reads is stated i
 Inputs, batch first, any batch size:
 - `obs` for an observation that is not a Dict, else `obs.<key>` per key (nested keys dotted): the env's
   raw observations in the env's own dtype (uint8 frames stay uint8; a Discrete observation is an int64
-  index as the env gives it, its `start` included). An action mask inside the observation is one of them.
+  index as the env gives it, its `start` included). An action mask inside the observation is one of them;
+  a mask the env gives in `info` (`env.action_mask_key=info`) is the input `action_mask`.
 - `state` (recurrent cores only): float32 `[B, state_size]`, zeros at an episode's start.
 
 Outputs: `action`, the greedy action in the env's own space (Discrete: int64 `[B]`; MultiDiscrete: int64
@@ -40,23 +41,31 @@ class ObservationInput:
     start: int = 0
 
 
-def input_name(key: str, is_dict: bool) -> str:
-    """`obs` for a plain observation, `obs.<key>` for a Dict's key (nested keys dotted)."""
-    return f"{OBS}.{key.replace('/', '.')}" if is_dict else OBS
+def input_names(keys: Sequence[str], is_dict: bool, mask_from_info: bool) -> dict[str, str]:
+    """`{key: input name}`: `obs` for a plain observation, `obs.<key>` for a Dict's key (nested keys dotted).
+    With `mask_from_info`, the mask maze_cli moved from `info` into the observations (`InfoActionMask`) is
+    `action_mask`, and the env's own observation beside it, if it was no Dict, `obs` again."""
+    from maze_cli.envs.action_mask import MASK_KEY
+
+    if not mask_from_info:
+        return {key: f"{OBS}.{key.replace('/', '.')}" if is_dict else OBS for key in keys}
+    plain = set(keys) == {OBS, MASK_KEY}
+    return {key: MASK_KEY if key == MASK_KEY else OBS if plain else f"{OBS}.{key.replace('/', '.')}" for key in keys}
 
 
-def observation_inputs(space: gym.Space) -> list[ObservationInput]:
+def observation_inputs(space: gym.Space, mask_from_info: bool = False) -> list[ObservationInput]:
     """The observation inputs of a model acting in `space`, in the policy's key order."""
     from maze_cli.envs.spaces import _flatten_spaces
 
-    is_dict = isinstance(space, gym.spaces.Dict)
+    spaces = _flatten_spaces(space)
+    names = input_names(list(spaces), isinstance(space, gym.spaces.Dict), mask_from_info)
     inputs = []
-    for key, sub in _flatten_spaces(space).items():
+    for key, sub in spaces.items():
         if isinstance(sub, gym.spaces.Discrete):
-            inputs.append(ObservationInput(key, input_name(key, is_dict), np.dtype(np.int64), (), int(sub.start)))
+            inputs.append(ObservationInput(key, names[key], np.dtype(np.int64), (), int(sub.start)))
         else:
-            inputs.append(ObservationInput(key, input_name(key, is_dict), np.dtype(sub.dtype), tuple(np.atleast_1d(sub.shape))
-                                           if isinstance(sub, gym.spaces.MultiBinary) else tuple(sub.shape)))
+            shape = tuple(np.atleast_1d(sub.n)) if isinstance(sub, gym.spaces.MultiBinary) else tuple(sub.shape)
+            inputs.append(ObservationInput(key, names[key], np.dtype(sub.dtype), shape))
     return inputs
 
 
@@ -76,7 +85,7 @@ def raw_batch(observations: Sequence[Any], inputs: Sequence[ObservationInput], i
 
 def metadata(observation_space: gym.Space, action_space: gym.Space, algorithm: str, checkpoint_sha256: str,
              inputs: Sequence[ObservationInput], outputs: Sequence[str], state_size: int, env: dict, policy: dict | None,
-             group: str | None = None) -> dict[str, str]:
+             group: str | None = None, mask_from_info: bool = False) -> dict[str, str]:
     """The model's metadata, string to string (ONNX `metadata_props`; a TorchScript file's extra file):
     the spaces, the algorithm, maze_cli's version, the checkpoint's SHA-256, the I/O, the env config
     `rollout model=` builds its env from and, for a policy group's model, the group. Values other than
@@ -95,6 +104,7 @@ def metadata(observation_space: gym.Space, action_space: gym.Space, algorithm: s
                              + ([{"name": STATE, "dtype": "float32", "shape": ["batch", state_size]}] if state_size else [])),
         "outputs": json.dumps(list(outputs)),
         "state_size": str(state_size),
+        "action_mask_from_info": json.dumps(mask_from_info),
         "env": json.dumps(env),
         "policy": json.dumps(policy),
         **({"group": group} if group is not None else {}),

@@ -13,6 +13,7 @@ from typing import Sequence
 
 from torch import nn
 
+from maze_cli.envs.action_mask import FROM_INFO
 from maze_cli.errors import ConfigError, MazeCliError
 from maze_cli.export.contract import metadata
 from maze_cli.export.formats import load_model, write_model
@@ -58,13 +59,14 @@ def export_checkpoint(checkpoint: Path, fmt: str, out: Path, n_observations: int
     payload, policy, env_factory = load_played(checkpoint, list(allow), trust)
     where = f"checkpoint={checkpoint}"
     exported = _chosen(policy, group, where)
-    graph = PolicyGraph(head_for(exported, where)).eval()
+    mask_from_info = env_factory.config.get("action_mask_key") == FROM_INFO
+    graph = PolicyGraph(head_for(exported, where), mask_from_info).eval()
     source = as_env_source(env_factory)
     envs = (MultiAgentEnvs(source, policy.eval(), seed, group) if source.agents
             else SingleAgentEnvs(source, derive_seeds(seed, "export_env", n_observations)))
     config = payload["config"]
     meta = metadata(exported.observation_space, exported.action_space, algorithm_name(config), sha256(checkpoint), graph.inputs,
-                    graph.outputs, graph.state_size, config["env"], config.get("policy"), group)
+                    graph.outputs, graph.state_size, config["env"], config.get("policy"), group, mask_from_info)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:

@@ -23,14 +23,16 @@ from maze_cli.policies.base import State
 
 
 class PolicyGraph(nn.Module):
-    """`forward(*observation inputs[, state]) -> (action, *head outputs[, state_out])`."""
+    """`forward(*observation inputs[, state]) -> (action, *head outputs[, state_out])`; `mask_from_info`: the env
+    gives its mask in `info` (the input `action_mask`)."""
 
-    def __init__(self, head: Head):
+    def __init__(self, head: Head, mask_from_info: bool = False):
         super().__init__()
         self.head = head
         self.policy = head.policy  # a submodule: its weights and buffers are the graph's constants
         space = self.policy.observation_space
-        self.inputs: list[ObservationInput] = observation_inputs(space)
+        self.mask_from_info = mask_from_info
+        self.inputs: list[ObservationInput] = observation_inputs(space, mask_from_info)
         specs = observation_specs(space)
         self._dtypes = [specs[i.key].dtype for i in self.inputs]
         self._state_shapes = [tuple(s.shape[1:]) for s in self.policy.initial_state(1)]

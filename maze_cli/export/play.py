@@ -42,7 +42,7 @@ class ExportedModelPolicy(nn.Module):
 
         self.observation_space = space_from_dict(json.loads(meta["observation_space"]))
         self.action_space = space_from_dict(json.loads(meta["action_space"]))
-        self.inputs = observation_inputs(self.observation_space)
+        self.inputs = observation_inputs(self.observation_space, json.loads(meta.get("action_mask_from_info", "false")))
         self.state_size = int(meta["state_size"])
         self.env_config, self.policy_config = json.loads(meta["env"]), json.loads(meta["policy"])
         self._action_start = np.asarray(getattr(self.action_space, "start", 0)).reshape(-1) if not isinstance(
