@@ -15,6 +15,41 @@ def leave_quickly() -> None:
     atexit.register(gc.freeze)
 
 
+def parse_key_values(argv: list[str], schema: type, command: str, help_text: str, example: str):
+    """A `key=value` command line (`rollout`, `export-policy`) checked against `schema`: `--help` prints
+    `help_text`, anything else not of that form is a ConfigError showing `example`."""
+    import sys
+
+    from omegaconf import OmegaConf
+
+    from maze_cli.config.schema import validate_section
+    from maze_cli.errors import ConfigError
+
+    if any(a in ("-h", "--help") for a in argv):
+        print(help_text)
+        sys.exit(0)
+    bad = [a for a in argv if "=" not in a]
+    if bad:
+        raise ConfigError(f"{bad[0]}: arguments are key=value, e.g. {command} {example}")
+    return validate_section(schema, OmegaConf.from_dotlist(argv), "", command)
+
+
+def run_command(command: str, run) -> None:
+    """Run a console script's `run()`: an error of maze_cli's is one line on stderr and its exit code; Ctrl-C exits 130."""
+    import sys
+
+    from maze_cli.errors import MazeCliError
+
+    leave_quickly()
+    try:
+        run()
+    except MazeCliError as err:
+        print(f"{command}: error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
 def train_main() -> None:
     """Console script `train`. A bare `train --help` is printed from the packaged config alone, in a
     fraction of a second; every other command line goes to maze_cli.cli.train."""

@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING
 
-from maze_cli.cli import leave_quickly
-from maze_cli.config.schema import _f, validate_section
-from maze_cli.errors import ConfigError, MazeCliError
+from maze_cli.cli import parse_key_values, run_command
+from maze_cli.config.schema import _f
 
 
 @dataclass
@@ -49,13 +48,7 @@ outputs (logits, value, ...). It is written only if every output agrees with the
 
 
 def _parse(argv: list[str]) -> ExportConfig:
-    if any(a in ("-h", "--help") for a in argv):
-        print(HELP)
-        sys.exit(0)
-    bad = [a for a in argv if "=" not in a]
-    if bad:
-        raise ConfigError(f"{bad[0]}: arguments are key=value, e.g. export-policy checkpoint=outputs/<run>/checkpoints/best.pt format=onnx")
-    return validate_section(ExportConfig, OmegaConf.from_dotlist(argv), "", "export-policy")
+    return parse_key_values(argv, ExportConfig, "export-policy", HELP, "checkpoint=outputs/<run>/checkpoints/best.pt format=onnx")
 
 
 def run_export(cfg: ExportConfig) -> None:
@@ -71,14 +64,7 @@ def run_export(cfg: ExportConfig) -> None:
 
 def main() -> None:
     """Console script `export-policy`."""
-    leave_quickly()
-    try:
-        run_export(_parse(sys.argv[1:]))
-    except MazeCliError as err:
-        print(f"export-policy: error: {err}", file=sys.stderr)
-        sys.exit(err.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_command("export-policy", lambda: run_export(_parse(sys.argv[1:])))
 
 
 if __name__ == "__main__":

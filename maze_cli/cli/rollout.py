@@ -11,11 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from omegaconf import OmegaConf
-
-from maze_cli.cli import leave_quickly
-from maze_cli.config.schema import _f, validate_section
-from maze_cli.errors import ConfigError, MazeCliError, first_line
+from maze_cli.cli import parse_key_values, run_command
+from maze_cli.config.schema import _f
+from maze_cli.errors import ConfigError, first_line
 
 
 @dataclass
@@ -60,15 +58,9 @@ each seat: win, draw and loss rates. Bad keys end in one line and exit code 2. M
 
 
 def _parse(argv: list[str]) -> RolloutConfig:
-    if any(a in ("-h", "--help") for a in argv):
-        print(HELP)
-        sys.exit(0)
-    bad = [a for a in argv if "=" not in a]
-    if bad:
-        raise ConfigError(f"{bad[0]}: arguments are key=value, e.g. rollout checkpoint=outputs/<run>/checkpoints/best.pt episodes=10")
-    cfg = validate_section(RolloutConfig, OmegaConf.from_dotlist(argv), "", "rollout")
+    cfg = parse_key_values(argv, RolloutConfig, "rollout", HELP, "checkpoint=outputs/<run>/checkpoints/best.pt episodes=10")
     if (cfg.checkpoint is None) == (cfg.model is None):
-        raise ConfigError("checkpoint: a value is required (or model=<file.onnx>, an exported model), and only one of them"
+        raise ConfigError("checkpoint: a value is required (or model=<file.onnx>, a model export-policy wrote)"
                           if cfg.checkpoint is None else "checkpoint= and model=: give one of them, not both")
     return cfg
 
@@ -188,14 +180,7 @@ def _against_opponents(env_factory, policy, seeds: list[int], deterministic: boo
 
 def main() -> None:
     """Console script `rollout`."""
-    leave_quickly()
-    try:
-        run_rollout(_parse(sys.argv[1:]))
-    except MazeCliError as err:
-        print(f"rollout: error: {err}", file=sys.stderr)
-        sys.exit(err.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_command("rollout", lambda: run_rollout(_parse(sys.argv[1:])))
 
 
 if __name__ == "__main__":
