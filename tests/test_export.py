@@ -283,7 +283,7 @@ def test_a_model_that_differs_from_the_trained_policy_is_not_written(train, tmp_
     with pytest.raises(exporter.ExportMismatch) as err:
         export(train("impala_mlp_discrete", KINDS["impala_mlp_discrete"][0]), out)
     assert needle in str(err.value) and "\n" not in str(err.value)
-    assert list(out.parent.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []  # neither the model nor the folder made for it
 
 
 def test_the_console_script_writes_the_model_and_says_how_it_was_checked(train, tmp_path):
@@ -381,6 +381,8 @@ def test_a_policy_group_is_one_model_per_group_checked_on_its_own_agents(train, 
         assert [(i.name, i.shape) for i in session.get_inputs()] == [("obs", ["batch", width])]
         assert session.get_modelmeta().custom_metadata_map["group"] == group
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adversaries.onnx", "good.onnx"]
+    proc = _rollout(f"model={tmp_path / 'good.onnx'}")
+    assert proc.returncode == 2 and "the model of policy group 'good' plays only its group's agents" in proc.stderr
 
 
 def test_a_self_play_games_current_policy_exports_with_its_mask_as_an_input(train, tmp_path):
@@ -391,6 +393,9 @@ def test_a_self_play_games_current_policy_exports_with_its_mask_as_an_input(trai
     assert exported.parity.max_difference["action"] == 0
     names = [i.name for i in ort.InferenceSession(str(exported.path)).get_inputs()]
     assert names == ["obs.action_mask", "obs.observation"]
+    of_checkpoint, of_model = _rollout(f"checkpoint={checkpoint}", "episodes=2"), _rollout(f"model={exported.path}", "episodes=2")
+    assert of_model.returncode == 0, of_model.stderr
+    assert of_model.stdout == of_checkpoint.stdout and "2 games against lookahead" in of_model.stdout
 
 
 def test_a_recurrent_policy_shared_by_the_agents_of_a_multi_agent_env_is_checked_with_its_state(train, tmp_path):

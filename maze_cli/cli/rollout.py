@@ -90,6 +90,9 @@ def load_model_played(path: Path, allow: List[str], trust: bool):
     where = f"model={path}"
     policy = ExportedModelPolicy(path)
     check_env_callables(policy.env_config, allow, trust, where, "the model's metadata")
+    if policy.group is not None:
+        raise ConfigError(f"{where}: the model of policy group '{policy.group}' plays only its group's agents; "
+                          f"rollout plays every agent: play the checkpoint instead")
     return policy, _env_for(policy, policy.env_config, policy.policy_config, where)
 
 
@@ -126,8 +129,6 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     if cfg.model is not None:
         policy, env_factory = load_model_played(path, cfg.allow, cfg.trust_checkpoint)
         env_config, policy_config, run_config = policy.env_config, policy.policy_config, {}
-        if env_factory.turn_based or env_factory.policy_groups is not None:
-            raise ConfigError(f"model={path}: its env has several agents; play the checkpoint instead")
     else:
         payload, policy, env_factory = load_played(path, cfg.allow, cfg.trust_checkpoint)
         run_config = payload.get("config") or {}

@@ -19,7 +19,7 @@ from maze_cli.export.contract import metadata
 from maze_cli.export.formats import load_model, write_model
 from maze_cli.export.graph import PolicyGraph
 from maze_cli.export.heads import head_for
-from maze_cli.export.parity import Difference, MultiAgentEnvs, Parity, SingleAgentEnvs, check_parity
+from maze_cli.export.parity import N_ENVS, Difference, MultiAgentEnvs, Parity, SingleAgentEnvs, check_parity
 
 
 class ExportMismatch(MazeCliError):
@@ -63,10 +63,11 @@ def export_checkpoint(checkpoint: Path, fmt: str, out: Path, n_observations: int
     graph = PolicyGraph(head_for(exported, where), mask_from_info).eval()
     source = as_env_source(env_factory)
     envs = (MultiAgentEnvs(source, policy.eval(), seed, group) if source.agents
-            else SingleAgentEnvs(source, derive_seeds(seed, "export_env", n_observations)))
+            else SingleAgentEnvs(source, derive_seeds(seed, "export_env", n_observations + N_ENVS)))
     config = payload["config"]
     meta = metadata(exported.observation_space, exported.action_space, algorithm_name(config), sha256(checkpoint), graph.inputs,
                     graph.outputs, graph.state_size, config["env"], config.get("policy"), group, mask_from_info)
+    created = _missing_folders(out.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
@@ -76,9 +77,21 @@ def export_checkpoint(checkpoint: Path, fmt: str, out: Path, n_observations: int
         if isinstance(result, Difference):
             raise ExportMismatch(f"format={fmt}: the exported model's {result}; nothing written")
         os.replace(tmp, out)
-    finally:
+    except BaseException:
         tmp.unlink(missing_ok=True)
+        for folder in created:  # innermost first: a failed export leaves no trace
+            folder.rmdir()
+        raise
     return Exported(out, out.stat().st_size, result)
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and its ancestors that do not exist yet, innermost first."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    return missing
 
 
 def _chosen(policy: nn.Module, group: str | None, where: str) -> nn.Module:

@@ -45,6 +45,7 @@ class ExportedModelPolicy(nn.Module):
         self.inputs = observation_inputs(self.observation_space, json.loads(meta.get("action_mask_from_info", "false")))
         self.state_size = int(meta["state_size"])
         self.env_config, self.policy_config = json.loads(meta["env"]), json.loads(meta["policy"])
+        self.group = meta.get("group")  # a policy group's model
         self._action_start = np.asarray(getattr(self.action_space, "start", 0)).reshape(-1) if not isinstance(
             self.action_space, gym.spaces.Box) else None
 
