@@ -97,7 +97,7 @@ def greedy_episodes(checkpoint: Path, allow: list[str], n_envs: int = 4) -> dict
     """`STEPS` steps of `n_envs` envs played by the trained policy as `rollout` plays it (`act`, greedy,
     its state reset where an episode starts), as arrays: each input's raw observations `<t>:<input>`, the
     episode starts `starts` `[T, B]` and the env actions `actions` `[T, B, ...]`."""
-    from maze_cli.cli.rollout import load_played
+    from maze_cli.playing import load_played
     from maze_cli.envs.spaces import ObservationWriter, action_to_env, observation_specs
     from maze_cli.export.contract import observation_inputs, raw_batch
 
@@ -403,3 +403,16 @@ def test_a_recurrent_policy_shared_by_the_agents_of_a_multi_agent_env_is_checked
     exported = export(checkpoint, tmp_path / "policy.onnx", observations=200)
     assert exported.parity.observations >= 200
     assert exported.parity.max_difference["action"] == 0 and exported.parity.max_difference["state_out"] <= 1e-5
+
+
+def test_the_check_allows_1e_5_of_an_output_above_1_and_1e_5_absolute_below():
+    from maze_cli.export.parity import compare
+
+    def verdict(expected: float, got: float):
+        return compare({"value": np.array([got], np.float32)}, {"value": np.array([expected], np.float32)}, True, {})
+
+    assert verdict(200.0, 200.0 + 1.5e-3) is None  # within 1e-5 of 200
+    assert verdict(200.0, 200.01).output == "value"
+    assert verdict(0.5, 0.5 + 2e-5).value == pytest.approx(2e-5, rel=0.05)
+    assert verdict(0.5, float("nan")) is not None
+    assert compare({"action": np.array([1, 2])}, {"action": np.array([1, 3])}, True, {}).value == 0.5

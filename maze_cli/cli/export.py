@@ -44,7 +44,7 @@ Keys:
 The model takes the env's raw observations (inputs obs or obs.<key>, batch first, any batch size; state
 for a recurrent policy) and gives the greedy action in the env's space (output action) and the policy's
 outputs (logits, value, ...). It is written only if every output agrees with the trained policy within
-1e-5 and every discrete action is the same. The contract: docs/deploying.md."""
+1e-5 (of a value above 1: relatively) and every discrete action is the same. The contract: docs/deploying.md."""
 
 
 def _parse(argv: list[str]) -> ExportConfig:

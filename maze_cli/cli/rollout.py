@@ -65,65 +65,13 @@ def _parse(argv: list[str]) -> RolloutConfig:
     return cfg
 
 
-def load_played(path: Path, allow: List[str], trust: bool):
-    """(payload, policy, env factory) of a checkpoint to play, as `rollout` and `export-policy` load it: the
-    allow-list guards both the policy's blueprint and the callables its env config names (loading runs no
-    code from the file), and the policy must fit the env's spaces."""
-    from maze_cli.checkpoint import load_checkpoint, policy_from_payload
-    from maze_cli.errors import CheckpointError
-
-    where = f"checkpoint={path}"
-    payload = load_checkpoint(path, trust, where)
-    env_config = (payload.get("config") or {}).get("env")
-    if not isinstance(env_config, dict):
-        raise CheckpointError(f"{where}: the checkpoint names no env (config.env)")
-    check_env_callables(env_config, allow, trust, where, "the checkpoint")
-    policy = policy_from_payload(payload, allow, trust, where)
-    return payload, policy, _env_for(policy, env_config, payload["config"].get("policy"), where)
-
-
-def load_model_played(path: Path, allow: List[str], trust: bool):
-    """(policy, env factory) of a model `export-policy` wrote: its env from the config in its metadata,
-    under the same allow-list as a checkpoint's."""
-    from maze_cli.export.play import ExportedModelPolicy
-
-    where = f"model={path}"
-    policy = ExportedModelPolicy(path)
-    check_env_callables(policy.env_config, allow, trust, where, "the model's metadata")
-    if policy.group is not None:
-        raise ConfigError(f"{where}: the model of policy group '{policy.group}' plays only its group's agents; "
-                          f"rollout plays every agent: play the checkpoint instead")
-    return policy, _env_for(policy, policy.env_config, policy.policy_config, where)
-
-
-def check_env_callables(env_config: dict, allow: List[str], trust: bool, where: str, named_by: str) -> None:
-    """Refuse an env config (from a file) naming a callable outside the allow-list: building the env would run it."""
-    from maze_cli.errors import CheckpointError
-    from maze_cli.policies.blueprint import refused_env_callables
-
-    refused = refused_env_callables(env_config, allow, trust)
-    if refused:
-        what = "its env is built by" if refused[0] == env_config.get("_target_") else "its env is wrapped by"
-        raise CheckpointError(f"{where}: {what} '{refused[0]}', a callable {named_by} names; refused. "
-                              f"Allow it by name with allow=[{','.join(refused)}], or trust_checkpoint=true (runs code from the file)")
-
-
-def _env_for(policy, env_config: dict, policy_config: dict | None, where: str):
-    """The env factory of the run, checked to have the spaces the policy acts in."""
-    from maze_cli.envs.factory import EnvFactory
-    from maze_cli.policies.blueprint import check_spaces
-
-    env_factory = EnvFactory.for_policy(env_config, policy_config).resolved()
-    observation_space, action_space = env_factory.check()
-    check_spaces(policy, observation_space, action_space, where)
-    return env_factory
-
-
 def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     from maze_cli.disk import DiskFull, check_writable_dir
     from maze_cli.envs.factory import EnvFactory
     from maze_cli.evaluation import run_episodes, seeded_sampling
     from maze_cli.seeding import derive_seeds
+
+    from maze_cli.playing import load_model_played, load_played
 
     path = Path(cfg.checkpoint or cfg.model)
     if cfg.model is not None:

@@ -1,6 +1,6 @@
 """`export-policy`'s work: a checkpoint's policy as a file, written only once checked against the policy.
 
-Loading is `rollout`'s (`maze_cli.cli.rollout.load_played`): data, an allow-list, no code from the file.
+Loading is `rollout`'s (`maze_cli.playing.load_played`): data, an allow-list, no code from the file.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def export_checkpoint(checkpoint: Path, fmt: str, out: Path, n_observations: int
     """Write the policy of `checkpoint` (of a policy group: `group`'s) to `out` in `fmt` and check it on
     `n_observations` observations of its env (episodes seeded from `seed`); a model that differs is removed and
     an `ExportMismatch` names the output."""
-    from maze_cli.cli.rollout import load_played
+    from maze_cli.playing import load_played
     from maze_cli.envs.source import as_env_source
     from maze_cli.seeding import derive_seeds
 
