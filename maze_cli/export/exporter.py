@@ -5,12 +5,14 @@ Loading is `rollout`'s (`maze_cli.playing.load_played`): data, an allow-list, no
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
+import torch
 from torch import nn
 
 from maze_cli.envs.action_mask import FROM_INFO
@@ -73,7 +75,8 @@ def export_checkpoint(checkpoint: Path, fmt: str, out: Path, n_observations: int
     try:
         write_model(graph, fmt, tmp, meta)
         run, _ = load_model(tmp, fmt)
-        result = check_parity(run, graph, envs, n_observations)
+        with one_thread():
+            result = check_parity(run, graph, envs, n_observations)
         if isinstance(result, Difference):
             raise ExportMismatch(f"format={fmt}: the exported model's {result}; nothing written")
         os.replace(tmp, out)
@@ -83,6 +86,18 @@ def export_checkpoint(checkpoint: Path, fmt: str, out: Path, n_observations: int
             folder.rmdir()
         raise
     return Exported(out, out.stat().st_size, result)
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread, as actors act: the check's batches are a few envs, where more threads only wait
+    for one another (and spin, on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _missing_folders(folder: Path) -> list[Path]:

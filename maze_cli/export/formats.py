@@ -135,6 +135,7 @@ def load_model(path: Path, fmt: str) -> tuple[Run, dict[str, str]]:
         onnxruntime = import_onnxruntime("checking and playing an ONNX model")
         options = onnxruntime.SessionOptions()
         options.log_severity_level = 3
+        options.intra_op_num_threads = options.inter_op_num_threads = 1  # small batches, as actors act: threads only wait
         session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
 
