@@ -37,6 +37,8 @@ KINDS: dict[str, tuple[list[str], list[str]]] = {
     "ppo_info_mask": (["+env=info_mask", "algorithm=ppo"], ["tests.test_action_masks.InfoMaskChoice"]),
     "ppo_box_normalized": (["+env=pendulum", "algorithm=ppo", "+algorithm.normalize_obs=true"], []),
     "impala_cnn_uint8": (["+env=pixels", "algorithm=impala", "policy=cnn", "policy.encoder=small"], ["tests.envs.ImageEnv"]),
+    "impala_cnn_bool_chw": (["+env=pixels", "algorithm=impala", "policy=cnn", "policy.encoder=small", "+env.layout=chw", "+env.dtype=bool"],
+                            ["tests.envs.ImageEnv"]),
     "impala_multidiscrete_dict": (["+env=counting", "algorithm=impala", "+env.obs_kind=dict", "+env.action_kind=multidiscrete"], ["tests.envs.CountingEnv"]),
     "sac_box": (["+env=pendulum", "algorithm=sac", *REPLAY], []),
     "sac_discrete": (["+env=cartpole", "algorithm=sac", *REPLAY], []),

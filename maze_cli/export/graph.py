@@ -69,7 +69,7 @@ class PolicyGraph(nn.Module):
 
     def example_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
         """Inputs of `batch` rows in the contract's dtypes (what tracing runs the graph on)."""
-        observations = [torch.from_numpy(np.zeros((batch, *i.shape), dtype=i.dtype) + i.start) for i in self.inputs]
+        observations = [torch.from_numpy(np.full((batch, *i.shape), i.start, dtype=i.dtype)) for i in self.inputs]
         return tuple(observations) + ((torch.zeros(batch, self.state_size),) if self.state_size else ())
 
 
