@@ -13,6 +13,9 @@ exported model, torch eager (`policy.act`, what actors and `rollout` call) and t
 graph compiled), for the MLP of the CartPole run and an untrained nature CNN on 84 x 84 x 4 uint8 frames. The
 three are measured in turns, round after round, and compared as ratios within the run: the machine may be
 shared with other work.
+
+Acting: what an actor's inference would cost through onnxruntime: a sampled action and its log-prob for 16
+CartPoles (an actor's envs), torch's `policy.act` against onnxruntime's logits and a Gumbel-max draw in numpy.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ KINDS: dict[str, tuple[list[str], int, str | None]] = {
     "self-play, current policy (Connect Four)": (["+env=connect_four", "selfplay.pool_size=2"], 20_000, None),
 }
 BATCHES = (1, 256)
+ACTOR_ENVS = 16
 ROUNDS = 7
 ROUND_S = 0.3  # seconds of calls per backend, batch and round
 
@@ -181,17 +185,67 @@ def latency_rows(workdir: Path) -> list[str]:
     return lines
 
 
+def _sampled_with_log_prob(logits: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A sampled action per row and its log-prob, as `Categorical.sample_with_log_prob` draws them (Gumbel-max)."""
+    shifted = logits - logits.max(-1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    actions = np.argmax(logp - np.log(rng.exponential(size=logp.shape)), axis=-1)
+    return actions, np.take_along_axis(logp, actions[:, None], -1)[:, 0]
+
+
+def acting_rows(workdir: Path) -> list[str]:
+    import onnxruntime as ort
+
+    from maze_cli.envs.spaces import observation_specs
+    from maze_cli.export.contract import raw_batch
+    from maze_cli.export.formats import write_model
+    from maze_cli.export.graph import PolicyGraph
+    from maze_cli.export.heads import head_for
+
+    torch.set_num_threads(1)
+    policy = _mlp_policy(workdir)
+    graph = PolicyGraph(head_for(policy, "mlp")).eval()
+    path = workdir / "acting.onnx"
+    write_model(graph, "onnx", path, {})
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    space = policy.observation_space
+    space.seed(0)
+    raw = [space.sample() for _ in range(ACTOR_ENVS)]
+    feeds = raw_batch(raw, graph.inputs, False)
+    tensors = {k: torch.as_tensor(np.stack(raw)).to(s.dtype) for k, s in observation_specs(space).items()}
+    rng = np.random.default_rng(0)
+
+    def eager():
+        with torch.inference_mode():
+            policy.act(tensors, (), None, deterministic=False)
+
+    backends = {"onnxruntime": lambda: _sampled_with_log_prob(session.run(["logits"], feeds)[0], rng), "torch eager": eager}
+    rounds = {backend: [] for backend in backends}
+    for _ in range(ROUNDS):
+        for backend, call in backends.items():
+            rounds[backend].append(_median_call_s(call))
+    us = {backend: 1e6 * statistics.median(values) for backend, values in rounds.items()}
+    return ["| policy | envs | torch eager us | onnxruntime + numpy sampling us | torch eager / onnxruntime |", "|---|---:|---:|---:|---:|",
+            f"| MLP 64x64 tanh (CartPole), sampled action and log-prob | {ACTOR_ENVS} | {us['torch eager']:.0f} | {us['onnxruntime']:.0f} | "
+            f"{us['torch eager'] / us['onnxruntime']:.1f}x |"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="also write the Markdown report here")
-    parser.add_argument("--skip-parity", action="store_true", help="latency only")
+    parser.add_argument("--parts", nargs="+", choices=("parity", "latency", "acting"), default=["parity", "latency", "acting"])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         lines = [f"{time.strftime('%Y-%m-%d')}, {machine_line()}, onnxruntime {version('onnxruntime')}, commit {commit()}", ""]
-        if not args.skip_parity:
+        if "parity" in args.parts:
             lines += ["### Parity, export time and size", "", *parity_rows(workdir), ""]
-        lines += ["### Latency of one greedy action, one thread", "", *latency_rows(workdir)]
+        if "latency" in args.parts:
+            lines += ["### Latency of one greedy action, one thread", "", *latency_rows(workdir), ""]
+        if "acting" in args.parts:
+            lines += ["### An actor's inference, one thread", "", *acting_rows(workdir)]
     publish(lines, args.out)
 
 
