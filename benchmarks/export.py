@@ -119,8 +119,9 @@ def _mlp_policy(workdir: Path):
     return load_policy(checkpoint).eval()
 
 
-def _backends(policy, workdir: Path, batch: int, name: str) -> dict[str, callable]:
-    """One greedy action of `batch` observations through each backend, as a function of no arguments."""
+def _onnx_and_batch(policy, workdir: Path, batch: int, name: str):
+    """(graph, an onnxruntime session of one thread on it, feeds and torch tensors of `batch` observations
+    sampled from the policy's space)."""
     import onnxruntime as ort
 
     from maze_cli.envs.spaces import observation_specs
@@ -140,8 +141,13 @@ def _backends(policy, workdir: Path, batch: int, name: str) -> dict[str, callabl
     space.seed(0)
     raw = [space.sample() for _ in range(batch)]
     feeds = raw_batch(raw, graph.inputs, False)
-    specs = observation_specs(space)
-    tensors = {k: torch.as_tensor(np.stack(raw)).to(s.dtype) for k, s in specs.items()}
+    tensors = {k: torch.as_tensor(np.stack(raw)).to(s.dtype) for k, s in observation_specs(space).items()}
+    return graph, session, feeds, tensors
+
+
+def _backends(policy, workdir: Path, batch: int, name: str) -> dict[str, callable]:
+    """One greedy action of `batch` observations through each backend, as a function of no arguments."""
+    graph, session, feeds, tensors = _onnx_and_batch(policy, workdir, batch, name)
     inputs = tuple(torch.from_numpy(feeds[i.name]) for i in graph.inputs)
     compiled = torch.compile(graph, dynamic=False)
     with torch.inference_mode():
@@ -194,27 +200,9 @@ def _sampled_with_log_prob(logits: np.ndarray, rng: np.random.Generator) -> tupl
 
 
 def acting_rows(workdir: Path) -> list[str]:
-    import onnxruntime as ort
-
-    from maze_cli.envs.spaces import observation_specs
-    from maze_cli.export.contract import raw_batch
-    from maze_cli.export.formats import write_model
-    from maze_cli.export.graph import PolicyGraph
-    from maze_cli.export.heads import head_for
-
     torch.set_num_threads(1)
     policy = _mlp_policy(workdir)
-    graph = PolicyGraph(head_for(policy, "mlp")).eval()
-    path = workdir / "acting.onnx"
-    write_model(graph, "onnx", path, {})
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    space = policy.observation_space
-    space.seed(0)
-    raw = [space.sample() for _ in range(ACTOR_ENVS)]
-    feeds = raw_batch(raw, graph.inputs, False)
-    tensors = {k: torch.as_tensor(np.stack(raw)).to(s.dtype) for k, s in observation_specs(space).items()}
+    _, session, feeds, tensors = _onnx_and_batch(policy, workdir, ACTOR_ENVS, "mlp")
     rng = np.random.default_rng(0)
 
     def eager():
