@@ -104,16 +104,20 @@ def continuous(action_space: gym.Space) -> bool:
     return isinstance(action_space, gym.spaces.Box)
 
 
-def normalization(normalize_obs: bool | None, normalize_reward: bool | None, parts: Components) -> tuple[bool, bool]:
+def normalization(normalize_obs: bool | None, normalize_reward: bool | None, parts: Components,
+                  every_env: bool = False) -> tuple[bool, bool]:
     """The options as set, or (null) on for continuous actions, where returns and observations
-    have scales no default fits (Pendulum's returns reach -1,600), and off for discrete ones.
+    have scales no default fits (Pendulum's returns reach -1,600), and off for discrete ones;
+    `every_env`: on for discrete actions too where a single agent acts (APPO, the default algorithm: a user's
+    env brings scales of its own).
 
     Rewards stay as they are by default where several agents act (a PettingZoo env): on MPE's tasks,
     returns scaled to a few units, by the running std or by a fixed factor alike, made IMPALA's shared
     policy collapse below random play on most seeds, and PPO's for a while. It happened neither with the
     rewards as they are nor without the values bootstrapped at MPE's time limits (benchmarks/SUITE.md)."""
-    auto = continuous(parts.action_space)
-    scale_rewards = auto and parts.env_factory.agents is None
+    single_agent = parts.env_factory.agents is None
+    auto = continuous(parts.action_space) or (every_env and single_agent)
+    scale_rewards = auto and single_agent
     return (auto if normalize_obs is None else normalize_obs), (scale_rewards if normalize_reward is None else normalize_reward)
 
 

@@ -77,6 +77,8 @@ class AppoConfig(PpoConfig):
     n_rollout_steps: int = option(128, ge=1)
     n_epochs: int = option(10, ge=1)
     n_minibatches: int = option(32, ge=1)
+    normalize_obs: Optional[bool] = None  # observations by a running mean/std; null: on (several agents: for Box actions only)
+    normalize_reward: Optional[bool] = None  # rewards by the return's std; null: on where a single agent acts
     max_policy_lag: int = option(8, ge=0)  # rollouts older than this many policy versions are dropped
     rho_bar: float = option(1.0, gt=0)  # V-trace's clip of the importance ratio in the value targets
     c_bar: float = option(1.0, gt=0)  # V-trace's clip of the trace coefficients
@@ -294,12 +296,13 @@ class Ppo(PpoConfig, Algorithm):
     envs_per_actor = 8
     network_defaults = {"activation": "tanh"}
     actors_wait_for_learner = True
+    normalizes_every_env = False  # null normalize_obs/normalize_reward: on for Box actions only (`normalization`)
 
     def build(self, parts: Components) -> Run:
         return self._build(parts, on_policy=True)
 
     def _build(self, parts: Components, **actor_options) -> Run:
-        normalize_obs, normalize_reward = normalization(self.normalize_obs, self.normalize_reward, parts)
+        normalize_obs, normalize_reward = normalization(self.normalize_obs, self.normalize_reward, parts, self.normalizes_every_env)
         kwargs = {"network": parts.network, "shared_network": self.shared_network, "normalize_obs": normalize_obs,
                   "normalize_images": self.normalize_images, "action_mask_key": parts.action_mask_key}
         policy, blueprint = grouped_policy(ActorCritic, parts, kwargs, {"log_std_init": self.log_std_init})
@@ -315,6 +318,9 @@ class Appo(AppoConfig, Ppo):
     """`algorithm=appo`: PPO's update on rollouts as they come (none older than max_policy_lag), V-trace targets."""
 
     actors_wait_for_learner = False
+    # As Sample Factory's APPO (normalize_input, normalize_returns): the default algorithm meets envs whose
+    # observations and rewards have any scale, whatever their actions are
+    normalizes_every_env = True
 
     def build(self, parts: Components) -> Run:
         return self._build(parts, max_policy_lag=self.max_policy_lag)
