@@ -62,20 +62,8 @@ class ActorCriticHead(Head):
         return {"logits": params, "value": value}
 
     def graph(self, observations: Observations, state: State) -> tuple[Outputs, State]:
-        p = self.policy
-        k = p._n_policy_state
-        raw = observations
-        if p.obs_normalizer is not None:
-            observations = p.obs_normalizer(observations)
-        features, policy_state = p.network.step(observations, state[:k], None)
-        logits = p.policy_head(features)
-        if p._n_choices and not state:  # acting gives a step with one legal action logits 0 before the mask
-            legal = (raw[p.action_mask_key] != 0).sum(-1, keepdim=True)
-            logits = torch.where(legal > p._n_choices, logits, torch.zeros_like(logits))
-        params = p._params(p.masked(logits, raw))
-        value_features, value_state = (features, ()) if p.value_network is None else p.value_network.step(observations, state[k:], None)
-        value = p.value_head(value_features).squeeze(-1)
-        return {"action": p.distribution.mode(params), **self._named(params, value)}, policy_state + value_state
+        params, value, next_state = self.policy.step_outputs(observations, state)
+        return {"action": self.policy.distribution.mode(params), **self._named(params, value)}, next_state
 
     def reference(self, observations: Observations, state: State) -> tuple[Outputs, State]:
         actions, next_state = self._greedy(observations, state)

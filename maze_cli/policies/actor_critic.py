@@ -166,6 +166,24 @@ class ActorCritic(Policy):
         batch = next(iter(observations.values())).shape[0]
         return logits.new_zeros((batch, logits.shape[-1])).index_copy(0, free, logits)
 
+    def step_outputs(self, observations: Observations, state: State) -> tuple[torch.Tensor, torch.Tensor, State]:
+        """One step's params `[B, P]`, value `[B]` and next state, with no indexing that depends on the data,
+        so that it traces into a graph (`export-policy`): a step with one legal action gets logits 0 before
+        the mask, as acting gives it (`_acting_logits_where`), by a select instead of skipping it."""
+        k = self._n_policy_state
+        raw = observations
+        if self.obs_normalizer is not None:
+            observations = self.obs_normalizer(observations)
+        features, policy_state = self.network.step(observations, state[:k], None)
+        logits = self.policy_head(features)
+        if self._n_choices and not state:  # as `_free_steps`: a recurrent network steps every row
+            legal = (raw[self.action_mask_key] != 0).sum(-1, keepdim=True)
+            logits = torch.where(legal > self._n_choices, logits, torch.zeros_like(logits))
+        params = self._params(self.masked(logits, raw))
+        value_features, value_state = ((features, ()) if self.value_network is None
+                                       else self.value_network.step(observations, state[k:], None))
+        return params, self.value_head(value_features).squeeze(-1), policy_state + value_state
+
     def action_params(self, observations: Observations, state: State, episode_start: torch.Tensor | None) -> tuple[torch.Tensor, State]:
         """Acting skips the value head and, with two networks, the value network: half the work; and the
         policy network on steps with one legal action. A recurrent value network still steps its state,
