@@ -108,10 +108,15 @@ class SacPolicy(Policy):
             return log_probs.exp(), log_probs
         return self.squashed_sample(out, deterministic)
 
+    @staticmethod
+    def mean_and_log_std(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Gaussian before the squash: the head's mean and its log std within its clamp."""
+        mean, log_std = out.chunk(2, dim=-1)
+        return mean, log_std.clamp(_LOG_STD_MIN, _LOG_STD_MAX)
+
     def squashed_sample(self, out: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """a = bias + scale * tanh(u), u ~ N(mean, std) (reparameterized), and log pi(a)."""
-        mean, log_std = out.chunk(2, dim=-1)
-        log_std = log_std.clamp(_LOG_STD_MIN, _LOG_STD_MAX)
+        mean, log_std = self.mean_and_log_std(out)
         u = mean if deterministic else mean + log_std.exp() * torch.randn_like(mean)
         a = torch.tanh(u)
         # log pi(a) = log N(u) - sum log(1 - tanh(u)^2) - sum log(scale)   (Haarnoja et al. 2018, appendix C)

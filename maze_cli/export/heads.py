@@ -57,7 +57,7 @@ class ActorCriticHead(Head):
 
     def _named(self, params: torch.Tensor, value: torch.Tensor) -> Outputs:
         if self.gaussian:
-            mean, log_std = self.policy.distribution._split(params)
+            mean, log_std = self.policy.distribution.mean_and_log_std(params)
             return {"mean": mean, "log_std": log_std, "value": value}
         return {"logits": params, "value": value}
 
@@ -98,14 +98,12 @@ class SacHead(Head):
         self.outputs = ("logits",) if policy.discrete else ("mean", "log_std")
 
     def _named(self, out: torch.Tensor, observations: Observations) -> Outputs:
-        from maze_cli.algorithms.sac import _LOG_STD_MAX, _LOG_STD_MIN
-
         p = self.policy
         if p.discrete:
             logits = p.masked(out, observations)
             return {"action": logits.argmax(-1), "logits": logits}
-        mean, log_std = out.chunk(2, dim=-1)
-        return {"action": torch.tanh(mean) * p.scale + p.bias, "mean": mean, "log_std": log_std.clamp(_LOG_STD_MIN, _LOG_STD_MAX)}
+        mean, log_std = p.mean_and_log_std(out)
+        return {"action": torch.tanh(mean) * p.scale + p.bias, "mean": mean, "log_std": log_std}
 
     def graph(self, observations: Observations, state: State) -> tuple[Outputs, State]:
         features, state = self.policy.network.step(observations, state, None)

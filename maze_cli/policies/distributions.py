@@ -113,7 +113,8 @@ class DiagGaussian(ActionDistribution):
         self.n_params = 2 * dim
         self.log_std_max = log_std_max
 
-    def _split(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def mean_and_log_std(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The params' mean and their log std within its clamp, what sampling and an exported model use."""
         mean, log_std = params.split(self.dim, dim=-1)
         return mean, log_std.clamp(-20.0, self.log_std_max)
 
@@ -123,22 +124,22 @@ class DiagGaussian(ActionDistribution):
     def sample_with_log_prob(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # a = mean + std * z with z ~ N(0, 1): the log-prob's standardized action is z itself
         # (`log_prob` recomputes it as (a - mean) / std, equal up to float rounding).
-        mean, log_std = self._split(params)
+        mean, log_std = self.mean_and_log_std(params)
         z = torch.randn_like(mean)
         actions = torch.addcmul(mean, log_std.exp(), z)
         logp = z.square().mul_(-0.5).sub_(log_std).sum(-1).sub_(0.5 * _LOG_2PI * self.dim)
         return actions, logp
 
     def mode(self, params: torch.Tensor) -> torch.Tensor:
-        return self._split(params)[0]
+        return self.mean_and_log_std(params)[0]
 
     def log_prob(self, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        mean, log_std = self._split(params)
+        mean, log_std = self.mean_and_log_std(params)
         z = (actions - mean) / log_std.exp()
         return (-0.5 * z.pow(2) - log_std - 0.5 * _LOG_2PI).sum(-1)
 
     def entropy(self, params: torch.Tensor) -> torch.Tensor:
-        _, log_std = self._split(params)
+        _, log_std = self.mean_and_log_std(params)
         return (log_std + 0.5 * (1.0 + _LOG_2PI)).sum(-1)
 
 
