@@ -47,18 +47,22 @@ def test_the_learner_unrolls_a_recurrent_policy_exactly_as_the_actors_stepped_it
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_a_recurrent_core_unrolls_each_span_between_episode_starts_in_one_call_as_it_steps(kind):
-    """The learner's unroll (one fused call per span no episode start cuts) gives the outputs, final
-    state and gradients of stepping the cell one step at a time, resets at the first step included;
-    under bf16 autocast it keeps the state in fp32, as the actors carry it."""
-    from maze_cli.policies.cores import RecurrentCore, _spans_between_resets
+@pytest.mark.parametrize("starts", ["inside", "none inside"])
+def test_a_recurrent_core_unrolls_its_episodes_side_by_side_as_it_steps(kind, starts):
+    """The learner's unroll (each env's column cut at its own episode starts, the pieces unrolled as one
+    packed sequence; one fused call where no episode starts inside) gives the outputs, final state and
+    gradients of stepping the cell one step at a time, resets at the first step included; under bf16
+    autocast it keeps the state in fp32, as the actors carry it."""
+    from maze_cli.policies.cores import RecurrentCore
 
     torch.manual_seed(0)
     core = RecurrentCore(6, 8, kind)
     x = torch.randn(12, 5, 6, requires_grad=True)
     episode_start = torch.zeros(12, 5, dtype=torch.bool)
-    episode_start[0, 1] = episode_start[4, 0] = episode_start[4, 3] = episode_start[9, 2] = True
-    assert _spans_between_resets(episode_start, 12) == [(0, 4), (4, 9), (9, 12)]
+    episode_start[0, 1] = True  # column 1 starts an episode at step 0: its stored state is not used
+    if starts == "inside":
+        # pieces of 1 to 12 steps: column 0 cut at 4 and 5, column 3 at 4, column 2 at 9 and 11; column 4 whole
+        episode_start[4, 0] = episode_start[5, 0] = episode_start[4, 3] = episode_start[9, 2] = episode_start[11, 2] = True
     state = tuple(torch.randn(5, 8) for _ in range(2 if kind == "lstm" else 1))
     results = []
     for unroll in (core.forward, core._forward_stepwise):

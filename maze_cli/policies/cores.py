@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from maze_cli.errors import ConfigError
 from maze_cli.policies.base import State
@@ -54,32 +55,56 @@ class RecurrentCore(nn.Module):
             raise ConfigError(f"a recurrent core takes time-major features [T, B, F], got shape {tuple(x.shape)}")
         if not state:
             state = self.initial_state(x.shape[1])
-        if torch.compiler.is_compiling():  # the split below reads the resets' steps: a graph break
+        if torch.compiler.is_compiling():  # the segments below depend on the resets' steps: a graph break
             return self._forward_stepwise(x, state, episode_start)
-        outputs = []
-        for start, end in _spans_between_resets(episode_start, x.shape[0]):
+        if episode_start is None or not episode_start[1:].any():
             if episode_start is not None:
-                state = _reset(state, episode_start[start], x.dtype)
-            out, state = self._unroll(x[start:end], state)
-            outputs.append(out)
-        return torch.cat(outputs) if len(outputs) > 1 else outputs[0], state
+                state = _reset(state, episode_start[0], x.dtype)
+            return self._unroll(x, state)
+        return self._unroll_segments(x, state, episode_start)
+
+    def _weights(self) -> list[torch.Tensor]:
+        cell = self.cell
+        return [cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh]
 
     def _unroll(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         """The cell over `[T, B, F]` with no reset inside, in one call of torch's fused LSTM/GRU
         (the cell's weights, laid out as nn.LSTM's and nn.GRU's): a learner's unroll costs one call
-        per span between episode starts rather than one per step, forward and backward. It runs in
-        the weights' precision, as the cell does under autocast: a state carried over many steps in
-        bf16 would drift from the one the actors carried."""
-        cell = self.cell
-        weights = [cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh]
-        hidden = tuple(s.unsqueeze(0).to(cell.weight_hh.dtype) for s in state)
+        rather than one per step, forward and backward. It runs in the weights' precision, as the cell
+        does under autocast: a state carried over many steps in bf16 would drift from the one the actors
+        carried."""
+        hidden = tuple(s.unsqueeze(0).to(self.cell.weight_hh.dtype) for s in state)
         with torch.autocast(x.device.type, enabled=False):
-            x = x.to(cell.weight_hh.dtype)
+            x = x.to(self.cell.weight_hh.dtype)
             if self.kind == "lstm":
-                out, h, c = torch.lstm(x, hidden, weights, True, 1, 0.0, self.training, False, False)
+                out, h, c = torch.lstm(x, hidden, self._weights(), True, 1, 0.0, self.training, False, False)
                 return out, (h[0], c[0])
-            out, h = torch.gru(x, hidden[0], weights, True, 1, 0.0, self.training, False, False)
+            out, h = torch.gru(x, hidden[0], self._weights(), True, 1, 0.0, self.training, False, False)
             return out, (h[0],)
+
+    def _unroll_segments(self, x: torch.Tensor, state: State, episode_start: torch.Tensor) -> tuple[torch.Tensor, State]:
+        """`[T, B, F]` with episode starts inside: each env's column cut at its own episode starts, and
+        all the pieces unrolled side by side as one packed sequence in one fused call, in the weights'
+        precision as `_unroll`. Short episodes cost as many sequential steps as the longest piece, not T
+        (cutting the whole time axis wherever any env's episode started left spans of a few steps, one
+        call each)."""
+        pieces = _Pieces(episode_start)
+        padded = x[pieces.padded_steps(), pieces.column.unsqueeze(0)]  # [L, n, F]
+        keep = (~episode_start[pieces.start, pieces.column]).unsqueeze(-1)
+        hidden = tuple((s[pieces.column] * keep.to(s.dtype)).unsqueeze(0).to(self.cell.weight_hh.dtype) for s in state)
+        packed = pack_padded_sequence(padded, pieces.length.cpu(), enforce_sorted=False)
+        hidden = tuple(h[:, packed.sorted_indices] for h in hidden)
+        with torch.autocast(x.device.type, enabled=False):
+            data = packed.data.to(self.cell.weight_hh.dtype)
+            if self.kind == "lstm":
+                out, h, c = torch.lstm(data, packed.batch_sizes, hidden, self._weights(), True, 1, 0.0, self.training, False)
+                final = (h[0], c[0])
+            else:
+                out, h = torch.gru(data, packed.batch_sizes, hidden[0], self._weights(), True, 1, 0.0, self.training, False)
+                final = (h[0],)
+        out, _ = pad_packed_sequence(packed._replace(data=out), total_length=padded.shape[0])  # [L, n, H]
+        last = pieces.last_of_each_column()
+        return pieces.gather(out), tuple(f[packed.unsorted_indices][last] for f in final)
 
     def _forward_stepwise(self, x: torch.Tensor, state: State, episode_start: torch.Tensor | None) -> tuple[torch.Tensor, State]:
         """`forward` as one cell call per step: what torch.compile traces (no data-dependent split)."""
@@ -108,13 +133,34 @@ def _reset(state: State, episode_start: torch.Tensor, dtype: torch.dtype) -> Sta
     return tuple(s * keep for s in state)
 
 
-def _spans_between_resets(episode_start: torch.Tensor | None, n_steps: int) -> list[tuple[int, int]]:
-    """`[start, end)` spans of the time axis that no episode start of any env cuts after their first step."""
-    if episode_start is None:
-        return [(0, n_steps)]
-    cuts = (torch.nonzero(episode_start[1:].any(dim=1)).flatten() + 1).tolist()
-    bounds = [0, *cuts, n_steps]
-    return list(zip(bounds[:-1], bounds[1:]))
+class _Pieces:
+    """A `[T, B]` time axis cut at episode starts, column by column: piece k is column `column[k]` from
+    step `start[k]` for `length[k]` steps; each column's step 0 starts a piece."""
+
+    def __init__(self, episode_start: torch.Tensor):
+        starts = episode_start.clone()
+        starts[0] = True
+        self.n_steps, self.n_columns = starts.shape
+        self.column, self.start = torch.nonzero(starts.T, as_tuple=True)  # ordered by column, then step
+        following = torch.full_like(self.start, self.n_steps)
+        same_column = self.column[1:] == self.column[:-1]
+        following[:-1] = torch.where(same_column, self.start[1:], following[:-1])
+        self.length = following - self.start
+        # the piece of each step `[T, B]`, to put the outputs back in place
+        self.of_step = (torch.cumsum(starts.T.reshape(-1).long(), 0) - 1).view(self.n_columns, self.n_steps).T
+
+    def padded_steps(self) -> torch.Tensor:
+        """`[L, n]`: the time index of each piece's j-th step (past its end, its last step: padding)."""
+        offsets = torch.arange(int(self.length.max()), device=self.start.device).unsqueeze(1)
+        return (self.start.unsqueeze(0) + offsets).clamp(max=self.n_steps - 1)
+
+    def gather(self, padded: torch.Tensor) -> torch.Tensor:
+        """`[L, n, ...]`, piece by piece, back to `[T, B, ...]`."""
+        steps = torch.arange(self.n_steps, device=self.start.device).unsqueeze(1)
+        return padded[steps - self.start[self.of_step], self.of_step]
+
+    def last_of_each_column(self) -> torch.Tensor:
+        return torch.cumsum(torch.bincount(self.column, minlength=self.n_columns), 0) - 1
 
 
 def make_core(kind: str, in_dim: int, size: int | None) -> nn.Module:
