@@ -15,7 +15,8 @@ a policy that finds the goal and then loses it shows as lost).
 
 Development tasks (defaults are chosen on them): PointReach, the same with actions in [0, 10] (a Box range
 wide and not centred on 0), GoalGrid (Dict), Lander (long episodes, shaped reward) and TiltLander (the same with an attitude to keep), MiniGrid-Empty-5x5
-(sparse), RepeatFirst with 2 symbols (memory, `policy.core=lstm`). Held-out tasks (reported, never tuned
+(sparse), RepeatFirst with 2 symbols (memory, `policy.core=lstm`), and paced (`recall`: the agent moves on
+through 10 symbols itself, and answers with actions of their own). Held-out tasks (reported, never tuned
 on): Hover (a dense-reward Box task of three dims with second-order dynamics), MiniGrid-DoorKey-5x5 at 400k
 (sparse, behind a key and a door), CueCorridor (a cue to recall after a walk down a corridor, `policy.core=lstm`).
 """
@@ -80,6 +81,9 @@ def tasks() -> dict[str, dict[str, LevelTask]]:
         # a sparse reward of 1 - 0.9 t / 100 at the goal; the shortest path (6 steps at most) scores 0.95 or more
         "minigrid": LevelTask((*MINIGRID, "env.id=MiniGrid-Empty-5x5-v0"), 200_000, _random_return(_minigrid("MiniGrid-Empty-5x5-v0")), 0.95),
         "repeat2": LevelTask(("+env=repeat", "env.n_symbols=2", "env.length=6", "policy.core=lstm"), 300_000, 0.5, 1.0),
+        # the same with answers apart from the action that moves on: recall after learning something else
+        "recall": LevelTask(("+env=repeat", "env.n_symbols=2", "env.length=10", "env.paced=true", "policy.core=lstm"), 300_000,
+                            _random_return(lambda: s.RepeatFirst(2, 10, paced=True)), 1.0),
     }
     heldout = {
         "hover": LevelTask(("+env=hover",), 300_000, _random_return(s.Hover), s.mean_return(s.Hover(), s.hover_controller, 200, 0)),

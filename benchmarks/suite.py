@@ -114,7 +114,7 @@ SUITES = {"dev": SUITE, "heldout": HELDOUT}
 ENV_CONFIGS = {"reference.yaml": "_target_: mpe2.simple_reference_v3.parallel_env\nmax_cycles: 25\ncontinuous_actions: false\n",
                "goalgrid.yaml": "_target_: suite_envs.GoalGrid\n", "reach.yaml": "_target_: suite_envs.PointReach\n",
                "lander.yaml": "_target_: suite_envs.Lander\n", "tiltlander.yaml": "_target_: suite_envs.TiltLander\n",
-               "repeat.yaml": "_target_: suite_envs.RepeatFirst\nn_symbols: 4\nlength: 8\n",
+               "repeat.yaml": "_target_: suite_envs.RepeatFirst\nn_symbols: 4\nlength: 8\npaced: false\n",
                "reachwide.yaml": "_target_: suite_envs.PointReach\naction_range: [0.0, 10.0]\n",
                "hover.yaml": "_target_: suite_envs.Hover\n", "corridor.yaml": "_target_: suite_envs.CueCorridor\n"}
 

@@ -267,15 +267,21 @@ class RepeatFirst(gym.Env):
     """A memory task (POPGym's RepeatFirst, shortened): each step shows one of `n_symbols` symbols,
     one-hot, drawn at random; after `length` steps the action must name the first one (reward 1,
     else 0). Only a policy that keeps the first symbol in memory beats chance (1 / n_symbols): the
-    suite runs it with `policy.core=lstm`. A step's action before the query does not matter."""
+    suite runs it with `policy.core=lstm`. A step's action before the query does not matter.
+
+    `paced`: the agent has something else to do in between, and its answers are actions of their own.
+    Actions: 0 moves on to the next symbol (and at the query stays there), 1..n_symbols answer; an
+    action that does not move on before the query stays, shows a fresh symbol and costs 0.01, as does
+    action 0 at the query, and the episode is truncated after 4 x `length` steps. A policy learns to
+    move on first, and must then learn which answer the first symbol calls for."""
 
     metadata = {"render_modes": []}
 
-    def __init__(self, n_symbols: int = 4, length: int = 8):
-        self.n_symbols, self.length = n_symbols, length
+    def __init__(self, n_symbols: int = 4, length: int = 8, paced: bool = False):
+        self.n_symbols, self.length, self.paced = n_symbols, length, paced
         self.observation_space = gym.spaces.Box(0.0, 1.0, (n_symbols + 1,), np.float32)  # symbol one-hot, query flag
-        self.action_space = gym.spaces.Discrete(n_symbols)
-        self._first, self._t = 0, 0
+        self.action_space = gym.spaces.Discrete(n_symbols + 1 if paced else n_symbols)
+        self._first, self._t, self._steps = 0, 0, 0
 
     def _obs(self, symbol: int) -> np.ndarray:
         obs = np.zeros(self.n_symbols + 1, np.float32)
@@ -285,15 +291,21 @@ class RepeatFirst(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        self._t = 0
+        self._t = self._steps = 0
         self._first = int(self.np_random.integers(self.n_symbols))
         return self._obs(self._first), {}
 
     def step(self, action):
-        if self._t == self.length - 1:
-            return np.zeros(self.n_symbols + 1, np.float32), float(int(action) == self._first), True, False, {}
+        action, at_query = int(action), self._t == self.length - 1
+        answer = action - 1 if self.paced else action
+        if at_query and (not self.paced or action > 0):
+            return np.zeros(self.n_symbols + 1, np.float32), float(answer == self._first), True, False, {}
+        self._steps += 1
+        symbol = int(self.np_random.integers(self.n_symbols))
+        if self.paced and (action > 0 or at_query):
+            return self._obs(symbol), -0.01, False, self._steps >= 4 * self.length, {}
         self._t += 1
-        return self._obs(int(self.np_random.integers(self.n_symbols))), 0.0, False, False, {}
+        return self._obs(symbol), 0.0, False, False, {}
 
 
 class HideVelocities(gym.ObservationWrapper):
