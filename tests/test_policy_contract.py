@@ -78,6 +78,21 @@ def test_a_recurrent_core_unrolls_its_episodes_side_by_side_as_it_steps(kind, st
     assert out_bf16.dtype == torch.float32 and all(s.dtype == torch.float32 for s in final_bf16)
 
 
+@pytest.mark.parametrize("core, shared_network, shared", [("lstm", None, True), ("gru", None, True), ("identity", None, False),
+                                                           ("lstm", False, False), ("identity", True, True)])
+def test_a_recurrent_core_serves_both_heads_unless_the_config_says_otherwise(core, shared_network, shared):
+    """PPO's and APPO's `shared_network: null`: one network where it has a memory, so that the value loss
+    trains the memory too; one each for a feed-forward network; a value set in the config wins."""
+    from maze_cli.algorithms.ppo import AppoConfig, PpoConfig
+
+    assert PpoConfig.shared_network is None and AppoConfig.shared_network is None
+    env = CountingEnv()
+    policy = ActorCritic(env.observation_space, env.action_space, {**mlp_network((8,)), "core": core, "core_size": 8},
+                         shared_network=shared_network)
+    assert (policy.value_network is None) == shared
+    assert len(policy.initial_state(3)) == {"lstm": 2, "gru": 1, "identity": 0}[core] * (1 if shared else 2)
+
+
 def test_episode_starts_mark_the_first_observation_of_each_episode():
     env_fn = partial(CountingEnv, length=4)
     policy = ActorCritic(env_fn().observation_space, env_fn().action_space, mlp_network((8,)))

@@ -28,7 +28,7 @@ from maze_cli.algorithms.on_policy import (ActorCriticObjective, OnPolicyLoop, c
                                            normalized_advantages, value_forced_steps)
 from maze_cli.config.schema import option, register_schema
 from maze_cli.learner import Learner
-from maze_cli.policies.actor_critic import ActorCritic
+from maze_cli.policies.actor_critic import ActorCritic, shares_network
 from maze_cli.policies.base import Observations, State
 from maze_cli.policies.groups import grouped_policy
 from maze_cli.records import Rollout
@@ -59,7 +59,9 @@ class PpoConfig:
     anneal_lr: bool = False  # lr falls linearly to 0 over the budget: max_env_steps, or max_time_s where that ends first
     anneal_clip: bool = False  # clip_range likewise
     adam_eps: float = option(1e-5, gt=0)  # Adam's epsilon
-    shared_network: bool = False  # one policy network for the action and value heads (true) or one each
+    # one policy network for the action and value heads (true) or one each (false); null: one for a recurrent core
+    # (policy.core=lstm|gru: the memory learns from both losses), one each otherwise
+    shared_network: Optional[bool] = None
     normalize_obs: Optional[bool] = None  # observations by a running mean/std, as for IMPALA; null: on for Box actions
     normalize_reward: Optional[bool] = None  # rewards by the return's std, as for IMPALA; null: on for Box actions, single agent
     normalize_images: bool = False  # each pixel of image observations by its own running mean/std, as for IMPALA
@@ -309,8 +311,10 @@ class Ppo(PpoConfig, Algorithm):
         objective = PpoObjective(policy, self, normalize_reward, vtrace_targets=isinstance(self, Appo))
         learner = Learner(objective, parts.device, **parts.learner)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps, **actor_options)
+        shared_network = shares_network(self.shared_network, policy.is_recurrent)
         return Run(OnPolicyLoop(actors, learner), actors, learner, blueprint,
-                   chosen=chosen_by_env(self, normalize_obs=normalize_obs, normalize_reward=normalize_reward))
+                   chosen=chosen_by_env(self, normalize_obs=normalize_obs, normalize_reward=normalize_reward,
+                                        shared_network=shared_network))
 
 
 @dataclass

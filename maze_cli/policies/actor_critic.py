@@ -28,13 +28,21 @@ def _actions_unscaled_in_older_checkpoints(module: nn.Module, state_dict: dict, 
         state_dict[prefix + "action_log_scale"] = state_dict[prefix + "action_scale"].log()
 
 
+def shares_network(shared_network: bool | None, recurrent: bool) -> bool:
+    """`shared_network` as set; None: one network for a recurrent core, one each otherwise. A memory under
+    both heads learns what to keep from the value loss as well as the policy's: on a task whose answer
+    comes many steps after its cue, with answers apart from the actions in between, a value network with a
+    memory of its own left the policy's memory unlearned (benchmarks/ZOO.md). Sample Factory shares by default."""
+    return recurrent if shared_network is None else shared_network
+
+
 class ActorCritic(Policy):
     """The action distribution and the value V(s) from one network (`shared_network`) or one each.
 
     :param network: the config of the policy network (`_target_` and its arguments), as the
         `policy` group gives it; default: an MLP of 64 x 64 tanh units.
     :param shared_network: one network under both heads (its features must serve both), or a
-        second network of the same config for the value head.
+        second network of the same config for the value head; None: `shares_network` decides by the core.
     :param normalize_obs: normalize the float vector keys of observations by running statistics
         that the learner updates (`maze_cli.normalization`); they are buffers of this
         module, so actors, checkpoints and `rollout` use the same ones.
@@ -50,7 +58,7 @@ class ActorCritic(Policy):
 
     def __init__(
         self, observation_space: gym.Space, action_space: gym.Space, network: Mapping[str, Any] | None = None,
-        shared_network: bool = False, normalize_obs: bool = False, log_std_init: float = 0.0,
+        shared_network: bool | None = False, normalize_obs: bool = False, log_std_init: float = 0.0,
         action_mask_key: str | None = None, normalize_images: bool = False,
     ):
         super().__init__()
@@ -60,7 +68,8 @@ class ActorCritic(Policy):
                                if normalize_obs or normalize_images else None)
         config = dict(network or mlp_network())
         self.network = build_network(config, observation_space)
-        self.value_network = None if shared_network else build_network(config, observation_space)
+        shared = shares_network(shared_network, recurrent=len(self.network.initial_state(1)) > 0)
+        self.value_network = None if shared else build_network(config, observation_space)
         box_range = action_range(action_space) if isinstance(action_space, gym.spaces.Box) else None
         self.distribution = make_distribution(action_space, box_range)
         self.gaussian = isinstance(self.distribution, DiagGaussian)
