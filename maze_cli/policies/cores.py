@@ -55,13 +55,13 @@ class RecurrentCore(nn.Module):
             raise ConfigError(f"a recurrent core takes time-major features [T, B, F], got shape {tuple(x.shape)}")
         if not state:
             state = self.initial_state(x.shape[1])
-        if torch.compiler.is_compiling():  # the segments below depend on the resets' steps: a graph break
+        if torch.compiler.is_compiling():  # the pieces below depend on the resets' steps: a graph break
             return self._forward_stepwise(x, state, episode_start)
         if episode_start is None or not episode_start[1:].any():
             if episode_start is not None:
                 state = _reset(state, episode_start[0], x.dtype)
             return self._unroll(x, state)
-        return self._unroll_segments(x, state, episode_start)
+        return self._unroll_pieces(x, state, episode_start)
 
     def _weights(self) -> list[torch.Tensor]:
         cell = self.cell
@@ -82,7 +82,7 @@ class RecurrentCore(nn.Module):
             out, h = torch.gru(x, hidden[0], self._weights(), True, 1, 0.0, self.training, False, False)
             return out, (h[0],)
 
-    def _unroll_segments(self, x: torch.Tensor, state: State, episode_start: torch.Tensor) -> tuple[torch.Tensor, State]:
+    def _unroll_pieces(self, x: torch.Tensor, state: State, episode_start: torch.Tensor) -> tuple[torch.Tensor, State]:
         """`[T, B, F]` with episode starts inside: each env's column cut at its own episode starts, and
         all the pieces unrolled side by side as one packed sequence in one fused call, in the weights'
         precision as `_unroll`. Short episodes cost as many sequential steps as the longest piece, not T
