@@ -68,7 +68,8 @@ class ActorCritic(Policy):
                                if normalize_obs or normalize_images else None)
         config = dict(network or mlp_network())
         self.network = build_network(config, observation_space)
-        shared = shares_network(shared_network, recurrent=len(self.network.initial_state(1)) > 0)
+        self._n_policy_state = len(self.network.initial_state(1))
+        shared = shares_network(shared_network, recurrent=self._n_policy_state > 0)
         self.value_network = None if shared else build_network(config, observation_space)
         box_range = action_range(action_space) if isinstance(action_space, gym.spaces.Box) else None
         self.distribution = make_distribution(action_space, box_range)
@@ -83,7 +84,6 @@ class ActorCritic(Policy):
             self.register_buffer("action_bias", bias)
             self.register_buffer("action_log_scale", scale.log())  # shifts the log std at every acting step
             self.register_load_state_dict_pre_hook(_actions_unscaled_in_older_checkpoints)
-        self._n_policy_state = len(self.network.initial_state(1))
         self._n_choices = len(mask_parts(action_space)) if action_mask_key is not None else 0
         self._head = self.policy_head._parameters  # acting's head, without a module call (see mlp.layer_plan)
 

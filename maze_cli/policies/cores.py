@@ -63,45 +63,39 @@ class RecurrentCore(nn.Module):
             return self._unroll(x, state)
         return self._unroll_pieces(x, state, episode_start)
 
-    def _weights(self) -> list[torch.Tensor]:
+    def _fused(self, inputs: tuple[torch.Tensor, ...], state: State) -> tuple[torch.Tensor, State]:
+        """One call of torch's fused LSTM/GRU (the cell's weights, laid out as nn.LSTM's and nn.GRU's) on
+        `inputs`: `(x,)` time-major, or a packed sequence's `(data, batch_sizes)`. It runs in the weights'
+        precision, as the cell does under autocast: a state carried over many steps in bf16 would drift
+        from the one the actors carried."""
         cell = self.cell
-        return [cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh]
+        weights = [cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh]
+        hidden = tuple(s.unsqueeze(0).to(cell.weight_hh.dtype) for s in state)
+        options = (True, 1, 0.0, self.training, False) + (() if len(inputs) == 2 else (False,))  # batch_first: unpacked only
+        with torch.autocast(inputs[0].device.type, enabled=False):
+            inputs = (inputs[0].to(cell.weight_hh.dtype), *inputs[1:])
+            if self.kind == "lstm":
+                out, h, c = torch.lstm(*inputs, hidden, weights, *options)
+                return out, (h[0], c[0])
+            out, h = torch.gru(*inputs, hidden[0], weights, *options)
+            return out, (h[0],)
 
     def _unroll(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
-        """The cell over `[T, B, F]` with no reset inside, in one call of torch's fused LSTM/GRU
-        (the cell's weights, laid out as nn.LSTM's and nn.GRU's): a learner's unroll costs one call
-        rather than one per step, forward and backward. It runs in the weights' precision, as the cell
-        does under autocast: a state carried over many steps in bf16 would drift from the one the actors
-        carried."""
-        hidden = tuple(s.unsqueeze(0).to(self.cell.weight_hh.dtype) for s in state)
-        with torch.autocast(x.device.type, enabled=False):
-            x = x.to(self.cell.weight_hh.dtype)
-            if self.kind == "lstm":
-                out, h, c = torch.lstm(x, hidden, self._weights(), True, 1, 0.0, self.training, False, False)
-                return out, (h[0], c[0])
-            out, h = torch.gru(x, hidden[0], self._weights(), True, 1, 0.0, self.training, False, False)
-            return out, (h[0],)
+        """The cell over `[T, B, F]` with no reset inside, in one fused call: a learner's unroll costs one
+        call rather than one per step, forward and backward."""
+        return self._fused((x,), state)
 
     def _unroll_pieces(self, x: torch.Tensor, state: State, episode_start: torch.Tensor) -> tuple[torch.Tensor, State]:
         """`[T, B, F]` with episode starts inside: each env's column cut at its own episode starts, and
-        all the pieces unrolled side by side as one packed sequence in one fused call, in the weights'
-        precision as `_unroll`. Short episodes cost as many sequential steps as the longest piece, not T
-        (cutting the whole time axis wherever any env's episode started left spans of a few steps, one
-        call each)."""
+        all the pieces unrolled side by side as one packed sequence in one fused call. Short episodes
+        cost as many sequential steps as the longest piece, not T (cutting the whole time axis wherever
+        any env's episode started left spans of a few steps, one call each)."""
         pieces = _Pieces(episode_start)
         padded = x[pieces.padded_steps(), pieces.column.unsqueeze(0)]  # [L, n, F]
         keep = (~episode_start[pieces.start, pieces.column]).unsqueeze(-1)
-        hidden = tuple((s[pieces.column] * keep.to(s.dtype)).unsqueeze(0).to(self.cell.weight_hh.dtype) for s in state)
         packed = pack_padded_sequence(padded, pieces.length.cpu(), enforce_sorted=False)
-        hidden = tuple(h[:, packed.sorted_indices] for h in hidden)
-        with torch.autocast(x.device.type, enabled=False):
-            data = packed.data.to(self.cell.weight_hh.dtype)
-            if self.kind == "lstm":
-                out, h, c = torch.lstm(data, packed.batch_sizes, hidden, self._weights(), True, 1, 0.0, self.training, False)
-                final = (h[0], c[0])
-            else:
-                out, h = torch.gru(data, packed.batch_sizes, hidden[0], self._weights(), True, 1, 0.0, self.training, False)
-                final = (h[0],)
+        first = tuple((s[pieces.column] * keep.to(s.dtype))[packed.sorted_indices] for s in state)
+        out, final = self._fused((packed.data, packed.batch_sizes), first)
         out, _ = pad_packed_sequence(packed._replace(data=out), total_length=padded.shape[0])  # [L, n, H]
         last = pieces.last_of_each_column()
         return pieces.gather(out), tuple(f[packed.unsorted_indices][last] for f in final)
