@@ -61,6 +61,7 @@ class ParameterGroup:
     loss: str = "loss"  # the name of its loss among the metrics
     lr: float = 0.0  # the lr the schedule starts from
     anneal: bool = False  # the lr falls linearly to 0 over the run's budget
+    lr_scale: float = 1.0  # what an algorithm's own schedule (PPO's adaptive_lr_kl) multiplies the lr by
     clip_parts: list[list[nn.Parameter]] | None = None  # clipped each on its own (None: all together)
 
     def clip_gradients(self) -> torch.Tensor:
@@ -181,9 +182,11 @@ class Learner:
 
     def _schedule_lr(self) -> None:
         """The lr of the next gradient steps: each group's configured lr (also after an optimizer state
-        from a checkpoint brought its own), falling linearly to 0 over the budget where it anneals."""
+        from a checkpoint brought its own) times its `lr_scale`, falling linearly to 0 over the budget
+        where it anneals."""
         for group in self.groups.values():
-            group.optimizer.param_groups[0]["lr"] = group.lr * self.progress_left() if group.anneal else group.lr
+            lr = group.lr * group.lr_scale
+            group.optimizer.param_groups[0]["lr"] = lr * self.progress_left() if group.anneal else lr
 
     # -- setting up ---------------------------------------------------------------------------------
     def add_optimizer(self, name: str, params: Iterable[nn.Parameter], lr: float, eps: float = 1e-8,

@@ -84,7 +84,7 @@ def test_the_clipped_surrogate_takes_the_pessimistic_term():
     assert surrogate.tolist() == pytest.approx([2.4, 1.0, -3.0, -1.6])
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "appo"])
+@pytest.mark.parametrize("algorithm", ["ppo", "appo", "appo-decoupled", "appo-behaviour"])
 def test_what_a_masked_step_holds_never_reaches_the_update(algorithm):
     """An autoreset step (or a finished agent's row) whose behaviour log-prob is -inf: the ratio there
     is infinite, yet the update's losses and every weight stay finite and equal those of the same
@@ -101,8 +101,8 @@ def test_what_a_masked_step_holds_never_reaches_the_update(algorithm):
         if poison:
             batch.behaviour_logp[batch.autoreset] = -float("inf")
         policy = ActorCritic(*learner_cases.CARTPOLE, mlp_network((8,)))
-        hp = (Ppo if algorithm == "ppo" else Appo)(n_epochs=1, n_minibatches=1)
-        learner = Learner(PpoObjective(policy, hp, vtrace_targets=algorithm == "appo"))
+        hp = Ppo(n_epochs=1, n_minibatches=1) if algorithm == "ppo" else Appo(n_epochs=1, n_minibatches=1, **_decoupled(algorithm))
+        learner = Learner(PpoObjective(policy, hp, vtrace_targets=algorithm != "ppo"))
         metrics = learner.update(batch)
         return metrics, policy.state_dict()
 
@@ -111,6 +111,51 @@ def test_what_a_masked_step_holds_never_reaches_the_update(algorithm):
     torch.testing.assert_close(poisoned["loss"], clean["loss"])
     for name, weight in clean_weights.items():
         torch.testing.assert_close(poisoned_weights[name], weight, msg=name)
+
+
+def _decoupled(algorithm: str) -> dict:
+    return {"decoupled": algorithm.endswith("decoupled")} if "-" in algorithm else {}
+
+
+def _appo_learner(**hp):
+    from maze_cli.algorithms.ppo import Appo, PpoObjective
+    from maze_cli.learner import Learner
+    from maze_cli.policies import ActorCritic, mlp_network
+    from tests import learner_cases
+
+    torch.manual_seed(0)
+    policy = ActorCritic(*learner_cases.CARTPOLE, mlp_network((8,)))
+    return Learner(PpoObjective(policy, Appo(**hp), vtrace_targets=True)), learner_cases.rollout(learner_cases.CARTPOLE)
+
+
+def test_the_decoupled_surrogate_clips_the_update_not_the_lag_and_weighs_the_lag_by_clipped_rho():
+    """Rollouts from an older policy: against the behaviour policy the first step's ratios are already
+    far from 1; against the policy as the update began they are exactly 1, and each step's weight is
+    V-trace's min(rho_bar, pi/mu)."""
+    stats = {}
+    for decoupled in (False, True):
+        learner, batch = _appo_learner(n_epochs=1, n_minibatches=1, decoupled=decoupled, rho_bar=0.9)
+        targets = learner.objective.targets(batch)
+        stats[decoupled] = learner.update(batch)
+    assert float(stats[False]["approx_kl"]) > 0.01 and float(stats[False]["clip_fraction"]) > 0.1
+    assert float(stats[True]["approx_kl"]) == pytest.approx(0.0, abs=1e-7) and float(stats[True]["clip_fraction"]) == 0.0
+    rho = (targets.base_logp - batch.behaviour_logp).exp()
+    assert (rho > 0.9).any() and (rho < 0.9).any()
+    trained = targets.trained
+    assert not trained.all()  # (autoreset steps: theirs is a placeholder the loss never averages)
+    torch.testing.assert_close(targets.weights[trained], rho.clamp(max=0.9)[trained])
+
+
+def test_adaptive_lr_falls_after_a_batch_above_twice_the_target_kl_rises_back_to_lr_and_is_checkpointed():
+    learner, batch = _appo_learner(lr=1e-3, n_epochs=2, n_minibatches=2, adaptive_lr_kl=1e-9)
+    lrs = [float(learner.update(batch)["lr"]) for _ in range(3)]
+    assert lrs == pytest.approx([1e-3, 1e-3 / 1.5, 1e-3 / 1.5**2])
+    state = learner.state_dict()
+    resumed, _ = _appo_learner(lr=1e-3, n_epochs=2, n_minibatches=2, adaptive_lr_kl=1e3)
+    resumed.load_state_dict(state)
+    lrs = [float(resumed.update(batch)["lr"]) for _ in range(4)]
+    assert lrs == pytest.approx([1e-3 / 1.5**3, 1e-3 / 1.5**2, 1e-3 / 1.5, 1e-3])  # ... and no further than lr
+    assert float(resumed.update(batch)["lr"]) == pytest.approx(1e-3)
 
 
 def test_value_clipping_is_the_pessimistic_max_of_clipped_and_unclipped_errors():

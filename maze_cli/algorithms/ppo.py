@@ -57,6 +57,10 @@ class PpoConfig:
     clip_per_network: bool = False  # the policy's and the value network's gradient norms clipped each on its own (as IMPALA's option)
     target_kl: Optional[float] = option(None, gt=0)  # stop the batch's passes once a minibatch's approx. KL exceeds 1.5 x this
     anneal_lr: bool = False  # lr falls linearly to 0 over the budget: max_env_steps, or max_time_s where that ends first
+    # the approx. KL each batch's update aims at: after a batch whose mean passed twice this, the lr falls by 1.5x
+    # (to lr/100 at most); under half of it, it rises by 1.5x, back to lr at most. A Gaussian whose std shrinks
+    # moves further with each step of the same lr: this keeps the updates' size as it does (rl_games' schedule)
+    adaptive_lr_kl: Optional[float] = option(None, gt=0)
     anneal_clip: bool = False  # clip_range likewise
     adam_eps: float = option(1e-5, gt=0)  # Adam's epsilon
     # one policy network for the action and value heads (true) or one each (false); null: one for a recurrent core
@@ -84,6 +88,11 @@ class AppoConfig(PpoConfig):
     max_policy_lag: int = option(8, ge=0)  # rollouts older than this many policy versions are dropped
     rho_bar: float = option(1.0, gt=0)  # V-trace's clip of the importance ratio in the value targets
     c_bar: float = option(1.0, gt=0)  # V-trace's clip of the trace coefficients
+    # true: the surrogate's ratio against the policy as the batch's update began, each step weighted by V-trace's
+    # clipped rho for the lag behind it (a decoupled objective, Hilton et al. 2021): the clip bounds what one
+    # batch's update moves, however old its rollouts, and approx_kl measures that update (what adaptive_lr_kl
+    # needs); false: the ratio against the behaviour policy, as Sample Factory's APPO, the clip spent on the lag too
+    decoupled: bool = False
 
 
 register_schema("algorithm", "ppo", PpoConfig)
@@ -93,6 +102,7 @@ register_schema("algorithm", "appo", AppoConfig)
 # A recurrent policy's minibatch holds at least this many whole sequences (of n_rollout_steps each): fewer make a pass a
 # long chain of small sequential unrolls, and APPO's 32 minibatches of single sequences ran 20 times slower than IMPALA
 MIN_SEQUENCES = 4
+MIN_LR_SCALE = 0.01  # how far `adaptive_lr_kl` may lower the lr
 
 
 def clipped_surrogate(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, clip: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,6 +131,8 @@ class Targets:
     old_values: torch.Tensor  # V(x_t) before this batch's update, [T, B]
     trained: torch.Tensor  # the real steps the losses average over, [T, B] bool
     value_trained: torch.Tensor  # those the value loss takes: all of them, or those with a choice (`skip_forced`)
+    base_logp: torch.Tensor  # log-probs of the actions taken that the surrogate's ratio is against, [T, B]
+    weights: torch.Tensor  # each step's weight in the surrogate, [T, B]
     skip_forced: bool = False  # the value network skips steps with one legal action (ActorCritic.valued_steps)
 
 
@@ -159,14 +171,21 @@ class PpoObjective(ActorCriticObjective):
             trained = real & forced.kept
             value_trained = trained & valued[:T]
         values, bootstrap_value = values_all[:T], values_all[T]
+        ones = torch.ones_like(values)
         if not self.vtrace_targets:
             advantages = gae(rewards, values, bootstrap_value, discounts, hp.gae_lambda)
-            return Targets(advantages, advantages + values, values, trained, value_trained, valued is not None)
-        target_logp = self.policy.distribution.log_prob(out.params[:T].float(), batch.actions)
-        vs = vtrace(batch.behaviour_logp, target_logp, rewards, values, bootstrap_value, discounts, hp.rho_bar, hp.c_bar).vs
+            return Targets(advantages, advantages + values, values, trained, value_trained, batch.behaviour_logp, ones,
+                           valued is not None)
+        proximal_logp = self.policy.distribution.log_prob(out.params[:T].float(), batch.actions)
+        vs = vtrace(batch.behaviour_logp, proximal_logp, rewards, values, bootstrap_value, discounts, hp.rho_bar, hp.c_bar).vs
         vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
-        # The surrogate's ratio already weighs by pi/mu: the advantage itself is not weighted again.
-        return Targets(rewards + discounts * vs_tp1 - values, vs, values, trained, value_trained, valued is not None)
+        advantages = rewards + discounts * vs_tp1 - values
+        if not hp.decoupled:  # the ratio against the behaviour policy already weighs by pi/mu
+            return Targets(advantages, vs, values, trained, value_trained, batch.behaviour_logp, ones, valued is not None)
+        # (where a step is not trained, its behaviour log-prob may be -inf: its weight stays finite)
+        lag = torch.where(trained, proximal_logp - batch.behaviour_logp, torch.zeros_like(proximal_logp))
+        return Targets(advantages, vs, values, trained, value_trained, proximal_logp, lag.exp().clamp(max=hp.rho_bar),
+                       valued is not None)
 
     def _view(self, batch: Rollout, targets: Targets) -> dict:
         """The batch as minibatch material, every tensor `[T', B', ...]` with minibatches taken along B':
@@ -175,7 +194,7 @@ class PpoObjective(ActorCriticObjective):
         view = {
             "observations": {k: v[:T] for k, v in batch.observations.items()},
             "episode_start": batch.episode_start[:T],
-            "actions": batch.actions, "behaviour_logp": batch.behaviour_logp, "real": targets.trained,
+            "actions": batch.actions, "base_logp": targets.base_logp, "weights": targets.weights, "real": targets.trained,
             "value_real": targets.value_trained,
             "advantages": targets.advantages, "returns": targets.returns, "old_values": targets.old_values,
         }
@@ -215,7 +234,7 @@ class PpoObjective(ActorCriticObjective):
             for columns in torch.randperm(n_columns, device=view["actions"].device).chunk(n_minibatches):
                 mb = self._columns(view, columns)
                 loss, metrics = self.loss(mb["observations"], mb["initial_state"], mb["episode_start"], mb["actions"],
-                                          mb["behaviour_logp"], mb["advantages"], mb["returns"], mb["old_values"],
+                                          mb["base_logp"], mb["weights"], mb["advantages"], mb["returns"], mb["old_values"],
                                           mb["real"], mb["value_real"], clip_t, not targets.skip_forced)
                 self._batch["last"] = metrics
                 # target_kl is the one option that needs a number on the host per minibatch (and,
@@ -238,25 +257,48 @@ class PpoObjective(ActorCriticObjective):
             "value_mean": masked_mean(targets.old_values, valued),
             "explained_variance": explained_variance(targets.old_values, targets.returns, valued),
         }
+        if self.hp.adaptive_lr_kl is not None:
+            self._adapt_lr(float(result["approx_kl"]))
         lr = self.learner.groups["policy"].optimizer.param_groups[0]["lr"]
         result |= {"gradient_steps": float(len(steps)), "kl_stop": float(stopped), "lr": lr, "clip_range": self._batch["clip"]}
         self._batch = {}
         return result
+
+    def _adapt_lr(self, kl: float) -> None:
+        """`adaptive_lr_kl`'s step, for the next batch. Several learners move together: down where any
+        passed the bound, up only where all stayed under it."""
+        target, group = self.hp.adaptive_lr_kl, self.learner.group
+        high, low = kl > 2.0 * target, kl < 0.5 * target
+        if group is not None:
+            high, low = group.any(high), not group.any(not low)
+        policy = self.learner.groups["policy"]
+        if high:
+            policy.lr_scale = max(policy.lr_scale / 1.5, MIN_LR_SCALE)
+        elif low:
+            policy.lr_scale = min(policy.lr_scale * 1.5, 1.0)
+
+    def extra_state(self) -> dict[str, Any]:
+        return super().extra_state() | {"lr_scale": self.learner.groups["policy"].lr_scale}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        super().load_extra_state(state)
+        self.learner.groups["policy"].lr_scale = state.get("lr_scale", 1.0)
 
     def _kl_stop(self, exceeded: bool) -> bool:
         group = self.learner.group
         return exceeded if group is None else group.any(exceeded)
 
     def loss(self, observations: Observations, initial_state: State, episode_start: torch.Tensor, actions: torch.Tensor,
-             behaviour_logp: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, old_values: torch.Tensor,
-             real: torch.Tensor, value_real: torch.Tensor, clip: torch.Tensor, value_forced: bool = True,
-             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+             base_logp: torch.Tensor, weights: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
+             old_values: torch.Tensor, real: torch.Tensor, value_real: torch.Tensor, clip: torch.Tensor,
+             value_forced: bool = True) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The clipped-surrogate loss of one minibatch (eq. 9 of the paper, with the value and entropy terms):
 
-            L = -E[min(ratio A, clip(ratio, 1 - eps, 1 + eps) A)] + value_coef E[(V - R)^2 / 2] - entropy_coef E[H]
+            L = -E[w min(ratio A, clip(ratio, 1 - eps, 1 + eps) A)] + value_coef E[(V - R)^2 / 2] - entropy_coef E[H]
 
-        The value term averages over `value_real`, the policy's over `real`; `value_forced=False` skips the
-        value network where the batch's targets did (`Targets.skip_forced`)."""
+        with ratio = pi(a|s) / base(a|s) against `base_logp` and w the `weights` (`Targets`). The value term
+        averages over `value_real`, the policy's over `real`; `value_forced=False` skips the value network
+        where the batch's targets did (`Targets.skip_forced`)."""
         hp = self.hp
         out = self.policy(observations, initial_state, episode_start, **({} if value_forced else {"value_forced": False}))
         params, values = out.params.float(), out.values.float()
@@ -264,16 +306,16 @@ class PpoObjective(ActorCriticObjective):
         logp = dist.log_prob(params, actions)
         # Masked steps take the ratio 1: what their behaviour log-prob holds (an action a finished agent never
         # took, -inf) must not reach the gradient, where even a product with 0 would turn it into NaN.
-        behaviour_logp = torch.where(real, behaviour_logp, logp.detach())
+        base_logp = torch.where(real, base_logp, logp.detach())
         if hp.normalize_advantage:
             advantages = normalized_advantages(advantages, real)
-        surrogate, ratio = clipped_surrogate(logp, behaviour_logp, advantages, clip)
-        policy_loss = -masked_mean(surrogate, real)
+        surrogate, ratio = clipped_surrogate(logp, base_logp, advantages, clip)
+        policy_loss = -masked_mean(weights * surrogate, real)
         v_loss = masked_mean(value_loss(values, old_values, returns, hp.clip_value), value_real)
         entropy = masked_mean(dist.entropy(params), real)
         loss = policy_loss + hp.value_coef * v_loss - hp.entropy_coef * entropy
         with torch.no_grad():
-            log_ratio = logp - behaviour_logp
+            log_ratio = logp - base_logp
             approx_kl = masked_mean(ratio - 1.0 - log_ratio, real)  # Schulman's unbiased, non-negative estimator
             clip_fraction = masked_mean(((ratio - 1.0).abs() > clip).float(), real)
         metrics = {"loss": loss, "policy_loss": policy_loss, "value_loss": v_loss, "entropy": entropy,
