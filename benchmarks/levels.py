@@ -16,7 +16,9 @@ a policy that finds the goal and then loses it shows as lost).
 Development tasks (defaults are chosen on them): PointReach, the same with actions in [0, 10] (a Box range
 wide and not centred on 0), GoalGrid (Dict), Lander (long episodes, shaped reward) and TiltLander (the same with an attitude to keep), MiniGrid-Empty-5x5
 (sparse), RepeatFirst with 2 symbols (memory, `policy.core=lstm`), and paced (`recall`: the agent moves on
-through 10 symbols itself, and answers with actions of their own). Held-out tasks (reported, never tuned
+through 10 symbols itself, and answers with actions of their own), and Walker2d at 2M through `+env=gym` (a
+long run with Box actions, where a Gaussian narrows as it learns: a policy that learns and then collapses
+shows there; 15-30 minutes a run). Held-out tasks (reported, never tuned
 on): Hover (a dense-reward Box task of three dims with second-order dynamics), MiniGrid-DoorKey-5x5 at 400k
 (sparse, behind a key and a door), CueCorridor (a cue to recall after a walk down a corridor, `policy.core=lstm`).
 """
@@ -43,6 +45,7 @@ import suite_envs  # noqa: E402
 from suite import write_env_configs  # noqa: E402
 
 MINIGRID = ("+env=gym", "+env.obs_keys=[direction,image]")
+WALKER_REFERENCE = 3050.0  # CleanRL's published PPO on Walker2d at 1M env steps (benchmarks/MUJOCO.md)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,9 @@ def tasks() -> dict[str, dict[str, LevelTask]]:
         "lander": LevelTask(("+env=lander",), 1_000_000, _random_return(s.Lander), s.lander_controller_return()),
         "tiltlander": LevelTask(("+env=tiltlander",), 1_000_000, _random_return(s.TiltLander),
                                 s.mean_return(s.TiltLander(), s.tilt_lander_pilot, 1000, 0)),
+        # a long run with Box actions: a Gaussian that narrows as it learns, where a policy can learn and then collapse
+        "walker": LevelTask(("+env=gym", "env.id=Walker2d-v5"), 2_000_000, _random_return(lambda: gym.make("Walker2d-v5")),
+                            WALKER_REFERENCE),
         # a sparse reward of 1 - 0.9 t / 100 at the goal; the shortest path (6 steps at most) scores 0.95 or more
         "minigrid": LevelTask((*MINIGRID, "env.id=MiniGrid-Empty-5x5-v0"), 200_000, _random_return(_minigrid("MiniGrid-Empty-5x5-v0")), 0.95),
         "repeat2": LevelTask(("+env=repeat", "env.n_symbols=2", "env.length=6", "policy.core=lstm"), 300_000, 0.5, 1.0),
