@@ -48,6 +48,7 @@ log = logging.getLogger("maze_cli")
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # and "auto": see auto_precision
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs on a GPU
+MIN_LR_SCALE = 0.01  # how far an adaptive lr (OptimizerGroup.adaptive_kl) may fall below its configured value
 
 
 @dataclass
@@ -61,7 +62,8 @@ class ParameterGroup:
     loss: str = "loss"  # the name of its loss among the metrics
     lr: float = 0.0  # the lr the schedule starts from
     anneal: bool = False  # the lr falls linearly to 0 over the run's budget
-    lr_scale: float = 1.0  # what an algorithm's own schedule (PPO's adaptive_lr_kl) multiplies the lr by
+    adaptive_kl: float | None = None  # the approx_kl each batch aims at (OptimizerGroup.adaptive_kl)
+    lr_scale: float = 1.0  # where the adaptive schedule has brought the lr, as a fraction of `lr`
     clip_parts: list[list[nn.Parameter]] | None = None  # clipped each on its own (None: all together)
 
     def clip_gradients(self) -> torch.Tensor:
@@ -121,7 +123,8 @@ class Learner:
             module.to(self.device)
         for name, spec in objective.optimizer_groups().items():
             self.add_optimizer(name, spec.params, spec.lr, spec.eps, spec.max_grad_norm, spec.clip_parts)
-            self.groups[name].loss, self.groups[name].anneal = spec.loss, spec.anneal
+            group = self.groups[name]
+            group.loss, group.anneal, group.adaptive_kl = spec.loss, spec.anneal, spec.adaptive_kl
         for name in objective.compiled:
             setattr(objective, name, self.loss_function(getattr(objective, name), f"{objective.title} ({name})"))
 
@@ -166,6 +169,7 @@ class Learner:
         steps = [self._take_step(step) for step in self.objective.steps(batch)]
         self.env_steps += self.objective.env_steps(batch) * self.world_size
         summary = self.objective.summary(batch, steps)
+        self._adapt_lr(summary)
         self.record(summary)
         return summary
 
@@ -187,6 +191,22 @@ class Learner:
         for group in self.groups.values():
             lr = group.lr * group.lr_scale
             group.optimizer.param_groups[0]["lr"] = lr * self.progress_left() if group.anneal else lr
+
+    def _adapt_lr(self, summary: Mapping[str, Any]) -> None:
+        """The adaptive groups' lr for the next batch, from this batch's approx_kl (rl_games' schedule: a
+        Gaussian whose std shrinks moves further with each step of the same lr). Several learners move
+        together: down where any passed the bound, up only where all stayed under it."""
+        for group in self.groups.values():
+            if group.adaptive_kl is None:
+                continue
+            kl = float(summary["approx_kl"])
+            high, low = kl > 2.0 * group.adaptive_kl, kl < 0.5 * group.adaptive_kl
+            if self.group is not None:
+                high, low = self.group.any(high), not self.group.any(not low)
+            if high:
+                group.lr_scale = max(group.lr_scale / 1.5, MIN_LR_SCALE)
+            elif low:
+                group.lr_scale = min(group.lr_scale * 1.5, 1.0)
 
     # -- setting up ---------------------------------------------------------------------------------
     def add_optimizer(self, name: str, params: Iterable[nn.Parameter], lr: float, eps: float = 1e-8,
@@ -307,6 +327,7 @@ class Learner:
             "updates": self.updates,
             "env_steps": self.env_steps,
             "time_s": self.time_s,
+            "lr_scales": {name: group.lr_scale for name, group in self.groups.items()},
             "algorithm": self.objective.extra_state(),
         }
 
@@ -317,6 +338,8 @@ class Learner:
         self.updates = state["updates"]
         self.env_steps = state["env_steps"]
         self._time_before, self._first_update_at = state.get("time_s", 0.0), None  # absent from older checkpoints
+        for name, scale in state.get("lr_scales", {}).items():
+            self.groups[name].lr_scale = scale
         self.objective.load_extra_state(state["algorithm"])
 
     def load_training_state(self, state: Mapping[str, Any]) -> None:

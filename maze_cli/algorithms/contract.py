@@ -38,6 +38,9 @@ class OptimizerGroup:
         (None: their joint norm), so that one network's large gradient does not shrink another's step;
         `grad_norm` is still the joint norm before clipping.
     :param anneal: the lr falls linearly to 0 over the run's budget (`max_env_steps`, or `max_time_s` where that ends first).
+    :param adaptive_kl: the `approx_kl` (a metric of the batch's summary) each batch's update aims at: after a
+        batch above twice it the lr falls by 1.5x (to lr/100 at most), after one under half of it it rises by
+        1.5x (to lr at most). None: no such schedule.
     """
 
     params: list[nn.Parameter]
@@ -47,6 +50,7 @@ class OptimizerGroup:
     max_grad_norm: float | None = None
     anneal: bool = False
     clip_parts: list[list[nn.Parameter]] | None = None
+    adaptive_kl: float | None = None
 
 
 @dataclass

@@ -16,13 +16,13 @@ policy's is split by env column, so each minibatch unrolls whole sequences from 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Optional
 
 import torch
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
-from maze_cli.algorithms.contract import Step
+from maze_cli.algorithms.contract import OptimizerGroup, Step
 from maze_cli.algorithms.impala import vtrace
 from maze_cli.algorithms.on_policy import (ActorCriticObjective, OnPolicyLoop, chosen_by_env, gae, masked_mean, normalization,
                                            normalized_advantages, value_forced_steps)
@@ -58,8 +58,8 @@ class PpoConfig:
     target_kl: Optional[float] = option(None, gt=0)  # stop the batch's passes once a minibatch's approx. KL exceeds 1.5 x this
     anneal_lr: bool = False  # lr falls linearly to 0 over the budget: max_env_steps, or max_time_s where that ends first
     # the approx. KL each batch's update aims at: after a batch whose mean passed twice this, the lr falls by 1.5x
-    # (to lr/100 at most); under half of it, it rises by 1.5x, back to lr at most. A Gaussian whose std shrinks
-    # moves further with each step of the same lr: this keeps the updates' size as it does (rl_games' schedule)
+    # (to lr/100 at most); under half of it, it rises by 1.5x, back to lr at most: a Gaussian whose std shrinks
+    # moves further with each step of the same lr, and this keeps the updates' size as it does
     adaptive_lr_kl: Optional[float] = option(None, gt=0)
     anneal_clip: bool = False  # clip_range likewise
     adam_eps: float = option(1e-5, gt=0)  # Adam's epsilon
@@ -102,7 +102,6 @@ register_schema("algorithm", "appo", AppoConfig)
 # A recurrent policy's minibatch holds at least this many whole sequences (of n_rollout_steps each): fewer make a pass a
 # long chain of small sequential unrolls, and APPO's 32 minibatches of single sequences ran 20 times slower than IMPALA
 MIN_SEQUENCES = 4
-MIN_LR_SCALE = 0.01  # how far `adaptive_lr_kl` may lower the lr
 
 
 def clipped_surrogate(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, clip: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,6 +149,10 @@ class PpoObjective(ActorCriticObjective):
         super().__init__(policy, hp, normalize_reward)
         self.vtrace_targets = vtrace_targets
         self._batch: dict[str, Any] = {}  # what the summary of the batch being updated needs
+
+    def optimizer_groups(self) -> dict[str, OptimizerGroup]:
+        groups = super().optimizer_groups()
+        return groups | {"policy": replace(groups["policy"], adaptive_kl=self.hp.adaptive_lr_kl)}
 
     @torch.no_grad()
     def targets(self, batch: Rollout) -> Targets:
@@ -257,32 +260,10 @@ class PpoObjective(ActorCriticObjective):
             "value_mean": masked_mean(targets.old_values, valued),
             "explained_variance": explained_variance(targets.old_values, targets.returns, valued),
         }
-        if self.hp.adaptive_lr_kl is not None:
-            self._adapt_lr(float(result["approx_kl"]))
         lr = self.learner.groups["policy"].optimizer.param_groups[0]["lr"]
         result |= {"gradient_steps": float(len(steps)), "kl_stop": float(stopped), "lr": lr, "clip_range": self._batch["clip"]}
         self._batch = {}
         return result
-
-    def _adapt_lr(self, kl: float) -> None:
-        """`adaptive_lr_kl`'s step, for the next batch. Several learners move together: down where any
-        passed the bound, up only where all stayed under it."""
-        target, group = self.hp.adaptive_lr_kl, self.learner.group
-        high, low = kl > 2.0 * target, kl < 0.5 * target
-        if group is not None:
-            high, low = group.any(high), not group.any(not low)
-        policy = self.learner.groups["policy"]
-        if high:
-            policy.lr_scale = max(policy.lr_scale / 1.5, MIN_LR_SCALE)
-        elif low:
-            policy.lr_scale = min(policy.lr_scale * 1.5, 1.0)
-
-    def extra_state(self) -> dict[str, Any]:
-        return super().extra_state() | {"lr_scale": self.learner.groups["policy"].lr_scale}
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        super().load_extra_state(state)
-        self.learner.groups["policy"].lr_scale = state.get("lr_scale", 1.0)
 
     def _kl_stop(self, exceeded: bool) -> bool:
         group = self.learner.group
