@@ -174,21 +174,21 @@ class PpoObjective(ActorCriticObjective):
             trained = real & forced.kept
             value_trained = trained & valued[:T]
         values, bootstrap_value = values_all[:T], values_all[T]
-        ones = torch.ones_like(values)
+        base_logp, weights = batch.behaviour_logp, torch.ones_like(values)
         if not self.vtrace_targets:
             advantages = gae(rewards, values, bootstrap_value, discounts, hp.gae_lambda)
-            return Targets(advantages, advantages + values, values, trained, value_trained, batch.behaviour_logp, ones,
-                           valued is not None)
-        proximal_logp = self.policy.distribution.log_prob(out.params[:T].float(), batch.actions)
-        vs = vtrace(batch.behaviour_logp, proximal_logp, rewards, values, bootstrap_value, discounts, hp.rho_bar, hp.c_bar).vs
-        vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
-        advantages = rewards + discounts * vs_tp1 - values
-        if not hp.decoupled:  # the ratio against the behaviour policy already weighs by pi/mu
-            return Targets(advantages, vs, values, trained, value_trained, batch.behaviour_logp, ones, valued is not None)
-        # (where a step is not trained, its behaviour log-prob may be -inf: its weight stays finite)
-        lag = torch.where(trained, proximal_logp - batch.behaviour_logp, torch.zeros_like(proximal_logp))
-        return Targets(advantages, vs, values, trained, value_trained, proximal_logp, lag.exp().clamp(max=hp.rho_bar),
-                       valued is not None)
+            returns = advantages + values
+        else:
+            proximal_logp = self.policy.distribution.log_prob(out.params[:T].float(), batch.actions)
+            returns = vtrace(batch.behaviour_logp, proximal_logp, rewards, values, bootstrap_value, discounts, hp.rho_bar,
+                             hp.c_bar).vs
+            advantages = rewards + discounts * torch.cat([returns[1:], bootstrap_value.unsqueeze(0)]) - values
+            # Against the behaviour policy the surrogate's ratio already weighs by pi/mu; decoupled, the clipped
+            # rho does (finite where a step is not trained and its behaviour log-prob may be -inf)
+            if hp.decoupled:
+                lag = torch.where(trained, proximal_logp - batch.behaviour_logp, torch.zeros_like(proximal_logp))
+                base_logp, weights = proximal_logp, lag.exp().clamp(max=hp.rho_bar)
+        return Targets(advantages, returns, values, trained, value_trained, base_logp, weights, valued is not None)
 
     def _view(self, batch: Rollout, targets: Targets) -> dict:
         """The batch as minibatch material, every tensor `[T', B', ...]` with minibatches taken along B':
