@@ -185,3 +185,18 @@ def test_a_broken_config_file_is_one_line_and_leaves_no_run_dir(tmp_path, text, 
                           env=env, cwd=tmp_path, stdin=subprocess.DEVNULL)
     assert_one_line_error(Result(proc.returncode, proc.stdout, proc.stderr, tag), *needles)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conf"]
+
+
+@pytest.mark.parametrize("command", [["train", "--help"], ["train", "+env=cartpole", "--help"], ["export-policy", "--help"]])
+def test_a_help_page_whose_reader_has_gone_ends_quietly(command):
+    """`train --help | head`: the reader closes the pipe before the page is written. The command ends
+    with the shell's SIGPIPE code and not a BrokenPipeError traceback."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte
+    try:
+        result = subprocess.run([str(TRAIN.with_name(command[0])), *command[1:]], stdout=write,
+                                stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
+    assert result.returncode == 141, result.stderr

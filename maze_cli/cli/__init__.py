@@ -1,7 +1,13 @@
 """Entry points: compose the config, validate it, build the parts, run."""
 
 import atexit
+import functools
 import gc
+import os
+import sys
+from collections.abc import Callable
+
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a program whose reader went away
 
 
 def leave_quickly() -> None:
@@ -15,11 +21,26 @@ def leave_quickly() -> None:
     atexit.register(gc.freeze)
 
 
+def quiet_on_closed_pipe(main: Callable[[], None]) -> Callable[[], None]:
+    """Wrap a console script so that `train --help | head` ends quietly: when the reader of stdout goes
+    away, exit with the shell's code for SIGPIPE instead of a BrokenPipeError traceback. stdout is
+    pointed at /dev/null first, so the interpreter's own flush at exit cannot raise it again."""
+
+    @functools.wraps(main)
+    def wrapped() -> None:
+        try:
+            main()
+            sys.stdout.flush()
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(SIGPIPE_EXIT)
+
+    return wrapped
+
+
 def parse_key_values(argv: list[str], schema: type, command: str, help_text: str, example: str):
     """A `key=value` command line (`rollout`, `export-policy`) checked against `schema`: `--help` prints
     `help_text`, anything else not of that form is a ConfigError showing `example`."""
-    import sys
-
     from omegaconf import OmegaConf
 
     from maze_cli.config.schema import validate_section
@@ -36,8 +57,6 @@ def parse_key_values(argv: list[str], schema: type, command: str, help_text: str
 
 def run_command(command: str, run) -> None:
     """Run a console script's `run()`: an error of maze_cli's is one line on stderr and its exit code; Ctrl-C exits 130."""
-    import sys
-
     from maze_cli.errors import MazeCliError
 
     leave_quickly()
@@ -50,11 +69,10 @@ def run_command(command: str, run) -> None:
         sys.exit(130)
 
 
+@quiet_on_closed_pipe
 def train_main() -> None:
     """Console script `train`. A bare `train --help` is printed from the packaged config alone, in a
     fraction of a second; every other command line goes to maze_cli.cli.train."""
-    import sys
-
     if sys.argv[1:] in (["--help"], ["-h"]):
         from maze_cli.cli.help_page import train_help
 

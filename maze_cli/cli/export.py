@@ -10,7 +10,7 @@ from typing import List, Optional
 
 from omegaconf import MISSING
 
-from maze_cli.cli import parse_key_values, run_command
+from maze_cli.cli import parse_key_values, quiet_on_closed_pipe, run_command
 from maze_cli.config.schema import _f
 
 
@@ -62,6 +62,7 @@ def run_export(cfg: ExportConfig) -> None:
           f"{exported.parity.observations} observations, max absolute difference: {worst}")
 
 
+@quiet_on_closed_pipe
 def main() -> None:
     """Console script `export-policy`."""
     run_command("export-policy", lambda: run_export(_parse(sys.argv[1:])))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from maze_cli.cli import parse_key_values, run_command
+from maze_cli.cli import parse_key_values, quiet_on_closed_pipe, run_command
 from maze_cli.config.schema import _f
 from maze_cli.errors import ConfigError, first_line
 
@@ -127,6 +127,7 @@ def _against_opponents(env_factory, policy, seeds: list[int], deterministic: boo
     return {key.removeprefix("eval/"): value for key, value in stats.items()}
 
 
+@quiet_on_closed_pipe
 def main() -> None:
     """Console script `rollout`."""
     run_command("rollout", lambda: run_rollout(_parse(sys.argv[1:])))
