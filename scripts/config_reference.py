@@ -343,16 +343,21 @@ def _schema_meanings() -> dict[str, str]:
 
 
 def env_section() -> list[str]:
-    from maze_cli.envs import factory
+    from maze_cli.envs import keys
 
     lines = ["## `env` (required: `+env=<name>`)", "",
              "The packaged env configs (`conf/env/`). Each is a `# @package _global_` file: besides `env.*` it "
              "may set top-level keys and choose other groups' options. Your own: a YAML file in `--config-dir` "
              "(see [Envs](../envs.md)).", "",
-             "Keys maze_cli reads in an env config with `env.id`: "
-             + ", ".join(f"`env.{k}`" for k in factory.ID_KEYS) + "; in any env config, `_target_` ones included: "
-             + ", ".join(f"`env.{k}`" for k in factory.OWN_KEYS) + ". Any other key of a `_target_` env config "
-             "is an argument of that callable. [Envs](../envs.md) says what each does.", ""]
+             "Every key below is set as `env.<key>=<value>` on any env config, whether or not its file has the "
+             "key. Any other key of a `_target_` env config is an argument of that callable; an `id` config takes "
+             "these alone. [Envs](../envs.md) says more of each.", "",
+             "| key | default | with | meaning |", "|---|---|---|---|"]
+    with_ = {"id": "`env.id`", "any": "either kind", "multiagent": "a PettingZoo `_target_`"}
+    for key, spec in keys.ENV_KEYS.items():
+        if spec.kind != "internal":
+            lines.append(f"| `env.{key}` | {code(show(spec.default))} | {with_[spec.kind]} | {cell(spec.help)} |")
+    lines.append("")
     for path in sorted((CONF / "env").glob("*.yaml")):
         config = read_yaml(path)
         lines += [f"### `+env={path.stem}`", ""] + paragraph(config.header)

@@ -5,6 +5,8 @@ import subprocess
 import uuid
 
 import pytest
+import yaml
+from omegaconf import OmegaConf
 
 from tests.cli import REPO, TRAIN, Result, run_train
 from tests.helpers import processes_with_env_tag
@@ -80,7 +82,7 @@ def _mission_env_dir(tmp_path):
 
 def test_a_dict_observation_key_no_network_reads_names_the_obs_keys_that_leave_it_out(tmp_path):
     result = run_train(*_mission_env_dir(tmp_path), run_dir=tmp_path / "run")
-    assert_one_line_error(result, "'mission'", "+env.obs_keys=[count,parity]")
+    assert_one_line_error(result, "'mission'", "env.obs_keys=[count,parity]")
 
 
 def test_obs_keys_that_the_observation_lacks_are_named_with_the_keys_it_has(tmp_path):
@@ -88,9 +90,32 @@ def test_obs_keys_that_the_observation_lacks_are_named_with_the_keys_it_has(tmp_
     assert_one_line_error(result, "env.obs_keys", "colour", "count, mission, parity")
 
 
-def test_an_env_key_its_config_leaves_out_is_added_with_a_plus(tmp_path):
-    result = run_train("+env=cartpole", "env.obs_keys=[obs]", run_dir=tmp_path / "run")
-    assert_one_line_error(result, "env.obs_keys", "+env.obs_keys=")
+QUICK = ("max_env_steps=1", "eval.interval=0", "runner=sequential")
+
+
+@pytest.mark.parametrize("env_args,key", [
+    (["+env=cartpole"], "env.vectorize=false"),                                 # packaged, a key its file leaves out
+    (["+env=cartpole"], "+env.check=false"),                                    # packaged, a key its file has, with a +
+    (["+env=gym", "env.id=FrozenLake-v1"], "env.kwargs.is_slippery=false"),   # an argument of the env by id
+    ("mission", "env.obs_keys=[count,parity]"),                                 # the user's own config
+    ("mission", "env.length=3"),                                                # an argument of the user's _target_
+])
+def test_every_env_key_is_set_as_key_value_on_any_env_config(tmp_path, env_args, key):
+    """One rule for env keys (docs/envs.md): `env.<key>=<value>` whether or not the env config has it."""
+    if env_args == "mission":  # with the keys a network reads
+        env_args = [*_mission_env_dir(tmp_path), "env.obs_keys=[count,parity]"]
+    result = run_train(*env_args, key, *QUICK, run_dir=tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    name, value = key.lstrip("+").split("=", 1)
+    saved = OmegaConf.load(tmp_path / "run" / "config.yaml")
+    assert OmegaConf.select(saved, name) == yaml.safe_load(value), OmegaConf.to_yaml(saved.env)
+
+
+def test_a_misspelt_env_key_is_named_with_the_keys_the_env_takes(tmp_path):
+    assert_one_line_error(run_train("+env=cartpole", "env.vectorise=false", run_dir=tmp_path / "a"),
+                          "env.vectorise", "vectorize")
+    assert_one_line_error(run_train("+env=masked_choice", "env.n_action=3", run_dir=tmp_path / "b"),
+                          "env.n_action", "did you mean 'n_actions'", "MaskedChoice takes: n_actions")
 
 
 def test_train_help_is_written_for_people_and_names_every_option():

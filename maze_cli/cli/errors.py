@@ -22,9 +22,7 @@ def _unknown_key(full_key: str, argv: list[str]) -> str:
         return "no env chosen: add +env=<name> before setting env keys (e.g. +env=cartpole)"
     if not key:
         return f"{full_key}: unknown key{suggest(full_key, known_keys(None)) or '; see docs/reference/config.md for the keys of train'}"
-    from maze_cli.envs.factory import ID_KEYS  # imports torch: only when needed
-
-    candidates = list(ID_KEYS) if section == "env" else known_keys(section)
+    candidates = known_keys(section)
     head, _, rest = key.partition(".")
     if rest and (head in candidates or section == "callbacks"):  # a new key inside a mapping (env.info_stats.x, env.kwargs.x)
         return f"{full_key}: a key this config does not have yet; add it with +{full_key}=..."

@@ -136,11 +136,14 @@ def _hydra_train(cfg: DictConfig) -> float:
 
 
 def _rewritten_argv(args: list[str]) -> list[str]:
-    """The command line as Hydra gets it: `init_from=<path>` spelt out, and for `resume=` (or `--help`)
-    the run dir and the tuning entry that the saved config (or the help) needs."""
+    """The command line as Hydra gets it: `init_from=<path>` spelt out, `env.<key>=<value>` set whether
+    or not the env config has the key, and for `resume=` (or `--help`) the run dir and the tuning entry
+    that the saved config (or the help) needs."""
     resume_dir = next((a.split("=", 1)[1] for a in args if a.startswith("resume=")), None)
     # `init_from=<path>` is short for init_from.path=<path>, so that init_from.optimizer=... may come beside it.
     args = [f"init_from.path={a.split('=', 1)[1]}" if a.startswith("init_from=") else a for a in args]
+    if any(a.startswith(("+env=", "env=")) for a in args):  # without an env, an env key is "no env chosen"
+        args = [_env_key_set(a) for a in args]
     if resume_dir and not any(a.startswith("hydra.run.dir=") for a in args):
         # A resumed run continues in its own dir; Hydra's record of the first command stays as it was.
         args += [f"hydra.run.dir={resume_dir}", "hydra.output_subdir=null"]
@@ -150,6 +153,15 @@ def _rewritten_argv(args: list[str]) -> list[str]:
         # value), nor need `train --help`.
         args.append("tuning=none")
     return args
+
+
+def _env_key_set(arg: str) -> str:
+    """`env.<key>=<value>` (or `+env.<key>=...`) as Hydra's `++env.<key>=<value>`: an env config is the user's (their own YAML,
+    any `_target_`'s arguments, any env's kwargs), so no env config can list every key that may be set on
+    it; one rule holds for all of them, packaged or not, with or without a default (docs/envs.md).
+    Unknown keys are still refused, by the env's own check (maze_cli.envs.factory)."""
+    key = arg.split("=", 1)[0].removeprefix("+")
+    return f"++{arg.removeprefix('+')}" if "=" in arg and key.startswith("env.") and key[4:] else arg
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import gymnasium as gym
 
@@ -14,6 +14,7 @@ from maze_cli.envs.action_mask import (FROM_INFO, InfoActionMask, LegalActionChe
                                        gives_mask_in_info)
 from maze_cli.envs.core_inputs import PreviousActionReward, adds_inputs
 from maze_cli.envs.info_stats import as_number, check_info_stats
+from maze_cli.envs.keys import ID_KEYS, OWN_KEYS, env_setting
 from maze_cli.envs.mujoco import is_mujoco_id, prepare_mujoco
 from maze_cli.envs.multiagent import AgentIdObservation, agent_spaces, as_parallel, is_multiagent, team_info_stats
 from maze_cli.envs.policy_groups import PolicyGroupObservation, assign_groups
@@ -42,11 +43,6 @@ def _plain_warnings() -> None:
 
 _plain_warnings()
 
-# Keys of an env config that configure maze_cli rather than the env itself.
-ID_KEYS = ("id", "kwargs", "max_episode_steps", "vectorize", "register", "check", "reward_clip", "obs_keys", "core_inputs",
-           "info_stats", "wrappers", "action_mask_key", "policy_groups")
-OWN_KEYS = ("check", "reward_clip", "obs_keys", "core_inputs", "info_stats", "wrappers", "agent_id", "action_mask_key",
-            "policy_groups", "selfplay")  # keys of any env config that maze_cli reads (never passed to the env)
 # Optional extras that bring env packages, by the module an env config registers its ids from.
 EXTRAS = {"minatar": "minatar", "ale_py": "atari", "minigrid": "minigrid"}
 # Env id prefixes whose ids exist only once their package is imported (gymnasium 1.x loads no plugins).
@@ -81,26 +77,9 @@ class EnvFactory(EnvSource):
     """A picklable factory: `EnvFactory(config)()` returns a fresh gymnasium.Env, and the `EnvSource`
     every part of a run reads its envs from.
 
-    `config` is a plain mapping: either `{id, kwargs, max_episode_steps, vectorize}` for
-    `gymnasium.make`, or `{_target_: "pkg.module.Callable", **arguments}` for a user's own env.
-    `vectorize` (default true): actors step their envs with the env's own vectorized implementation
-    where gymnasium registers one (`vector_entry_point`) or the `_target_` builds one
-    (`VectorizedEnvTarget`). `register`: a module imported (and its `register_envs()` called, if it
-    has one) before `gymnasium.make`, for packages whose ids exist only then (e.g. `minatar.gym`). `check` (default true, either kind): run the env checks before
-    any actor starts. `reward_clip` (either kind): the learner sees rewards clipped to
-    [-reward_clip, reward_clip], while the episode returns in the stats stay the env's own.
-    `obs_keys` (either kind): the keys of a Dict observation the policy sees, the others dropped
-    (e.g. MiniGrid's text `mission`, which no network reads).
-    `core_inputs` (set from `policy.core_inputs` by `for_policy`): the previous action and reward
-    added to the observations (`maze_cli.envs.core_inputs`).
-    `wrappers` (either kind): gymnasium wrappers applied in order to every env built, each a dotted
-    name of a class or function called as `wrapper(env)`, or `{_target_: name, **arguments}`
-    (`maze_cli.envs.wrappers`); they come before `obs_keys` and `core_inputs`.
-    `info_stats` (either kind): `{info key: reduction}`, the env statistics the actors and evaluation
-    follow (`maze_cli.envs.info_stats`).
-    `agent_id` (a `_target_` that returns a PettingZoo env): each agent's observation also holds its
-    index, one-hot, under the key `agent_id` (`maze_cli.envs.multiagent`). `policy_groups` (likewise):
-    `{group: [agent names or patterns]}`, one policy per group (`maze_cli.envs.policy_groups`).
+    `config` is a plain mapping: either `{id, kwargs, max_episode_steps, ...}` for `gymnasium.make`, or
+    `{_target_: "pkg.module.Callable", **arguments}` for a user's own env; besides, either kind may hold
+    maze_cli's own keys (`maze_cli.envs.keys`, where each one's meaning is written).
     """
 
     config: Mapping[str, Any]
@@ -119,6 +98,21 @@ class EnvFactory(EnvSource):
                     f"env.{unknown[0]}: not a key of an env config with 'id' "
                     f"(allowed: {', '.join(ID_KEYS)}; put env arguments under env.kwargs)"
                 )
+        if has_target:
+            self._check_target_arguments()
+
+    def _check_target_arguments(self) -> None:
+        """Every key of a `_target_` env config that is not maze_cli's own is an argument of the callable:
+        a misspelt one is named before anything is built, with the arguments the callable takes."""
+        if self.config.get("register"):
+            raise EnvConfigError(f"env.register={self.config['register']}: only for an env given by env.id "
+                                 f"(a _target_'s module is imported by itself)")
+        from maze_cli.config.schema import check_arguments
+
+        try:
+            check_arguments("env", {k: v for k, v in self.config.items() if k not in OWN_KEYS})
+        except ConfigError as err:
+            raise EnvConfigError(str(err)) from None
 
     def __call__(self) -> gym.Env:
         env = self._build()
@@ -147,7 +141,7 @@ class EnvFactory(EnvSource):
         if self.config.get("_target_") is not None:
             from hydra.utils import instantiate
 
-            return instantiate({k: v for k, v in self.config.items() if k not in self._own_keys()}, _convert_="all")
+            return instantiate({k: v for k, v in self.config.items() if k not in OWN_KEYS}, _convert_="all")
         else:
             self._register()
             kwargs = dict(self.config.get("kwargs") or {})
@@ -208,7 +202,7 @@ class EnvFactory(EnvSource):
         if self.config.get("_target_") is None or self._builds_a_gym_env():
             self._single_agent_keys()
             return None
-        env = self._build()
+        env = self._built_or_config_error()
         try:
             if not is_multiagent(env):
                 self._single_agent_keys()
@@ -330,17 +324,13 @@ class EnvFactory(EnvSource):
             return None
         return target if isinstance(target, VectorizedEnvTarget) else None
 
-    def _own_keys(self) -> tuple[str, ...]:
-        """The config's keys that are not arguments of its `_target_`."""
-        return OWN_KEYS + ("vectorize",) if "vectorize" in self.config and self._vector_target() is not None else OWN_KEYS
-
     def vector_env(self, n_envs: int) -> gym.vector.VectorEnv | None:
         """`n_envs` copies as the env's own vectorized implementation, or None where there is none,
         where `vectorize` is off, or where it is not the same env: a vector entry point that changes
         the spaces (ALE's preprocesses frames to 84x84 by default) would not match the policy. An env
         whose mask comes in `info` is built one by one (the mask is moved per env); one whose
         observations hold a mask has every step's mask checked, as one env built alone has."""
-        if (not self.config.get("vectorize", True) or adds_inputs(self.config.get("core_inputs"))
+        if (not env_setting(self.config, "vectorize") or adds_inputs(self.config.get("core_inputs"))
                 or self.config.get("obs_keys") is not None or self.config.get("wrappers")
                 or self.config.get("action_mask_key") == FROM_INFO):
             return None
@@ -375,7 +365,7 @@ class EnvFactory(EnvSource):
         target = self._vector_target()
         if target is None:
             return None
-        arguments = {k: v for k, v in self.config.items() if k not in self._own_keys() and not (k.startswith("_") and k.endswith("_"))}
+        arguments = {k: v for k, v in self.config.items() if k not in OWN_KEYS and not (k.startswith("_") and k.endswith("_"))}
         vector = target.vector_env(n_envs, **arguments)
         if vector is None:
             return None
@@ -442,27 +432,32 @@ class EnvFactory(EnvSource):
 
         Run before any actor starts, so a wrong env fails here with one clear message.
         """
-        try:
-            if self.agents is not None:
-                return self._check_multiagent()
-            env = self()
-        except EnvConfigError:
-            raise
-        except Exception as err:  # anything the env's own constructor raises is a config problem here
-            cause = err.__cause__ if err.__cause__ is not None and "Error in call to target" in str(err) else err
-            if isinstance(cause, ConfigError):  # the env's own one-line message names the key and the fix
-                raise EnvConfigError(first_line(cause)) from err
-            what = f"env._target_={self.config['_target_']}" if self.config.get("_target_") else f"env.id={self.config['id']}"
-            raise EnvConfigError(f"{what}: {type(cause).__name__}: {first_line(cause)}") from err
+        if self.agents is not None:
+            return self._check_multiagent()
+        env = self._built_or_config_error(self)
         try:
             self._supported_observation(env.observation_space)
             action_spec(env.action_space)
-            if self.config.get("check", True):
+            if env_setting(self.config, "check"):
                 self._check_spaces(env)
                 self._run_env_checker(env)
             return env.observation_space, env.action_space
         finally:
             env.close()
+
+    def _built_or_config_error(self, build: Callable[[], Any] | None = None) -> Any:
+        """`build()` (the env as its config builds it, by default before maze_cli's wrappers); anything the
+        env's own constructor raises is a config problem, one line naming the env."""
+        try:
+            return (build or self._build)()
+        except EnvConfigError:
+            raise
+        except Exception as err:
+            cause = err.__cause__ if err.__cause__ is not None and "Error in call to target" in str(err) else err
+            if isinstance(cause, ConfigError):  # the env's own one-line message names the key and the fix
+                raise EnvConfigError(first_line(cause)) from err
+            what = f"env._target_={self.config['_target_']}" if self.config.get("_target_") else f"env.id={self.config['id']}"
+            raise EnvConfigError(f"{what}: {type(cause).__name__}: {first_line(cause)}") from err
 
     def _check_multiagent(self) -> tuple[gym.Space, gym.Space]:
         """The space every agent shares (spaces that differ are one line), checked as a single env's."""
@@ -495,7 +490,7 @@ class EnvFactory(EnvSource):
             wrap = f"; wrap the env with the wrapper made for it: {fixes[0]}" if fixes else ""
             if not readable and not wrap:
                 raise
-            leave_out = f"; or leave it out: +env.obs_keys=[{','.join(readable)}]" if readable else ""
+            leave_out = f"; or leave it out: env.obs_keys=[{','.join(readable)}]" if readable else ""
             raise UnsupportedSpaceError(f"{err}{wrap}{leave_out}") from None
 
     def _check_spaces(self, env: gym.Env) -> None:
