@@ -75,6 +75,7 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
             continue
         overrides_file = job_dir / ".hydra" / "overrides.yaml"
         overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
+        overrides = [o.removeprefix("++") if o.startswith("++env.") else o for o in overrides]  # as typed (train's env.<key>)
         key = _curve_key(stats)
         returns = [row[key] for row in stats if key in row]
         objective, objective_key = _job_objective(job_dir, stats)
