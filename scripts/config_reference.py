@@ -3,8 +3,8 @@
 The page is generated, never edited by hand. Its sources are the ones `train` itself reads:
 
 - maze_cli/config/schema.py and each algorithm's file (maze_cli/algorithms/, where its schema sits):
-  every key's default, its type and limits (the `gt`, `ge`, `le`, `choices` metadata of its field) and
-  its meaning (the comment beside or above the field);
+  every key's default, its type and limits (under `Annotated`) and its help (`key(default, help)`,
+  maze_cli.config.fields);
 - conf/train.yaml: which option of each group is the default;
 - conf/<group>/<option>.yaml: each packaged option, the schema it extends and what it sets differently;
 - conf/env/, conf/logger/ and conf/tuning/: their keys, values and YAML comments;
@@ -19,15 +19,11 @@ A field added to a schema, or a YAML file added to conf/, appears on the page th
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import functools
 import inspect
-import io
 import re
 import sys
-import textwrap
-import tokenize
 import typing
 from pathlib import Path
 from typing import Any
@@ -38,52 +34,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(REPO))
 
-from maze_cli.config import schema  # noqa: E402
+from maze_cli.config import fields, schema  # noqa: E402
 
 schema.discover_components()  # the algorithms' schemas, registered by their files
 
 PAGE = REPO / "docs" / "reference" / "config.md"
 CONF = REPO / "conf"
 GROUPS_WITHOUT_DEFAULT = {"env": "required: choose one with `+env=<name>`", "logger": "optional: `+logger=<name>` or `+logger=[a,b]`"}
-
-
-# -- the schema's comments ---------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def _own_comments(cls: type) -> dict[str, str]:
-    """The comment of each field a class declares itself: the comment lines right above it (no blank
-    line between) followed by the comment at the end of its line."""
-    lines, _ = inspect.getsourcelines(cls)
-    source = textwrap.dedent("".join(lines))
-    comments = {tok.start[0]: tok.string for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-                if tok.type == tokenize.COMMENT}
-    rows = source.splitlines()
-    found: dict[str, str] = {}
-    for node in ast.parse(source).body[0].body:
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        above: list[str] = []
-        row = node.lineno - 1  # 1-based row of the line above the field
-        while row >= 1 and rows[row - 1].strip().startswith("#"):
-            above.insert(0, comments[row])
-            row -= 1
-        trailing = [comments[r] for r in range(node.lineno, node.end_lineno + 1) if r in comments]
-        found[node.target.id] = " ".join(_comment_text(c) for c in above + trailing)
-    return found
-
-
-def _comment_text(comment: str) -> str:
-    return comment.lstrip("#").strip()
-
-
-def field_comments(cls: type) -> dict[str, str]:
-    """Each field's comment, taken from the most derived class that declares the field with a comment."""
-    found: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if dataclasses.is_dataclass(klass):
-            for name, text in _own_comments(klass).items():
-                if text or name not in found:
-                    found[name] = text
-    return found
 
 
 # -- values, types and limits as the page shows them ---------------------------------------------------
@@ -106,6 +63,8 @@ def show(value: Any) -> str:
 
 def type_name(tp: Any) -> str:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated:
+        return type_name(args[0])
     if origin is typing.Union:
         inner = [a for a in args if a is not type(None)]
         return " or ".join(type_name(a) for a in inner) + (" or null" if len(inner) < len(args) else "")
@@ -118,15 +77,33 @@ def type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def allowed(tp: Any, limits: dict[str, Any]) -> str:
+def limits(tp: Any) -> dict[str, Any]:
+    """The limits a field's type carries under `Annotated` (of the type itself, or of an Optional's or a
+    list's items): `gt`, `ge`, `le` and `choices`."""
+    found: dict[str, Any] = {}
+    if typing.get_origin(tp) is typing.Annotated:
+        for mark in typing.get_args(tp)[1:]:
+            if isinstance(mark, fields.OneOf):
+                found["choices"] = mark.choices
+            for name in ("gt", "ge", "le"):
+                if hasattr(mark, name):
+                    found[name] = getattr(mark, name)
+        return found
+    for arg in typing.get_args(tp):
+        found.update(limits(arg))
+    return found
+
+
+def allowed(tp: Any) -> str:
     """`int >= 1`, `float > 0 or null`, `str: auto, fp32, ...`: the type and the field's limits."""
+    bounds_of = limits(tp)
     name = type_name(tp)
     nullable = name.endswith(" or null")
     name = name.removesuffix(" or null")
-    bounds = [f"{word} {show(limits[op])}" for op, word in (("gt", ">"), ("ge", ">="), ("le", "<=")) if op in limits]
+    bounds = [f"{word} {show(bounds_of[op])}" for op, word in (("gt", ">"), ("ge", ">="), ("le", "<=")) if op in bounds_of]
     text = " ".join([name] + [", ".join(bounds)] if bounds else [name])
-    if "choices" in limits:
-        text += ": " + ", ".join(show(c) for c in limits["choices"])
+    if "choices" in bounds_of:
+        text += ": " + ", ".join(show(c) for c in bounds_of["choices"])
     return text + (" or null" if nullable else "")
 
 
@@ -150,12 +127,20 @@ class Key:
     changed: bool = False
 
 
+def help_of(cls: type, name: str) -> str:
+    """A key's help, from the most derived class that gives one (a subclass may change only the default)."""
+    for klass in cls.__mro__:
+        own = getattr(klass, "__dataclass_fields__", {}).get(name)
+        if own is not None and own.metadata.get("description"):
+            return own.metadata["description"]
+    return ""
+
+
 def schema_keys(cls: type, prefix: str = "", overrides: dict[str, Any] | None = None) -> list[Key]:
     """Every key of a schema dataclass, nested dataclasses expanded (`learner.precision`), with the
     defaults a packaged YAML file sets (`overrides`, dotted keys) in place of the schema's."""
     overrides = overrides or {}
-    hints = typing.get_type_hints(cls)
-    comments = field_comments(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     keys: list[Key] = []
     for f in dataclasses.fields(cls):
         if f.name == "_target_":
@@ -164,7 +149,7 @@ def schema_keys(cls: type, prefix: str = "", overrides: dict[str, Any] | None = 
         if dataclasses.is_dataclass(default):
             keys += schema_keys(type(default), f"{prefix}{f.name}.", {k.removeprefix(f"{f.name}."): v for k, v in overrides.items()})
             continue
-        key = Key(prefix + f.name, default, allowed(hints[f.name], dict(f.metadata)), comments.get(f.name, ""))
+        key = Key(prefix + f.name, default, allowed(hints[f.name]), help_of(cls, f.name))
         if f.name in overrides and overrides[f.name] != default:
             key.changed, key.changed_from, key.default = True, default, overrides[f.name]
         keys.append(key)
@@ -190,6 +175,10 @@ class YamlFile:
     comments: dict[str, str]  # dotted key -> its comment (above it, or at the end of its line)
     defaults: list[Any]
     global_package: bool
+
+
+def _comment_text(comment: str) -> str:
+    return comment.lstrip("#").strip()
 
 
 _KEY_LINE = re.compile(r"^(\s*)([^\s#:-][^:#]*?):(?:\s+|$)(.*)$")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Annotated, Any, Iterator
 
 import gymnasium as gym
 import torch
@@ -24,7 +24,8 @@ from torch import nn
 from maze_cli.algorithms.base import Algorithm, Components, Run
 from maze_cli.algorithms.contract import Objective, OptimizerGroup, Step
 from maze_cli.algorithms.replay import check_feed_forward, check_single_agent, replay_run
-from maze_cli.config.schema import option, register_schema
+from maze_cli.config.fields import Fraction, Gt, Le, NonNegativeFloat, NonNegativeInt, OneOf, PositiveFloat, PositiveInt, key
+from maze_cli.config.schema import register_schema
 from maze_cli.errors import ConfigError
 from maze_cli.learner import Learner
 from maze_cli.parallel.workers_with_buffer import SampledBatch
@@ -38,29 +39,38 @@ class DqnConfig:
     """DQN (Mnih et al. 2015) with double Q, dueling heads, n-step returns and Ape-X exploration; Discrete actions."""
 
     _target_: str = "maze_cli.algorithms.dqn.Dqn"
-    lr: float = option(5e-4, gt=0)  # Adam's learning rate
-    gamma: float = option(0.99, ge=0, le=1)  # discount
-    double_q: bool = True  # the online network picks the next action, the target network values it (van Hasselt et al. 2016)
-    dueling: bool = True  # Q = V + A - mean(A): a value head and an advantage head (Wang et al. 2016)
-    n_step: int = option(3, ge=1)  # rewards summed over up to n steps before bootstrapping (fewer where the rollout ends)
-    target_update_interval: int = option(100, ge=1)  # updates between target network updates
-    tau: float = option(1.0, gt=0, le=1)  # the target's step towards the online network: 1 copies it, less is Polyak averaging
-    max_grad_norm: float = option(10.0, gt=0)  # clip the gradient's norm
-    # linear: one epsilon for every env, falling from initial_epsilon to final_epsilon over epsilon_steps;
-    # apex: env i of the run's N acts with apex_epsilon^(1 + apex_alpha * i / (N - 1)) throughout (Horgan et al. 2018)
-    exploration: str = option("linear", choices=("linear", "apex"))
-    initial_epsilon: float = option(1.0, ge=0, le=1)  # exploration=linear: epsilon at the start
-    final_epsilon: float = option(0.05, ge=0, le=1)  # ... after epsilon_steps
-    epsilon_steps: int = option(10_000, ge=1)  # ... env steps (every actor's together) over which epsilon falls
-    apex_epsilon: float = option(0.4, gt=0, le=1)  # exploration=apex: the base epsilon
-    apex_alpha: float = option(7.0, ge=0)  # ... and its exponent's spread over the envs
-    n_rollout_steps: int = option(16, ge=1)  # steps per worker rollout (n-step windows end with it)
-    rollouts_per_iteration: int = option(1, ge=1)  # rollouts moved into the replay buffer per learner iteration
-    batch_size: int = option(128, ge=1)  # transitions per gradient update
-    replay_ratio: float = option(0.25, gt=0)  # gradient updates per collected transition
-    initial_buffer_size: int = option(1000, ge=0)  # transitions collected by the initial sampling policy before learning
-    # null or random: uniform random actions; a checkpoint path; or a mapping with _target_ (as for SAC)
-    initial_sampling_policy: Any = None
+    lr: PositiveFloat = key(5e-4, "Adam's learning rate")
+    gamma: Fraction = key(0.99, "discount")
+    double_q: bool = key(True,
+                          "the online network picks the next action, the target network values it (van Hasselt et "
+                          "al. 2016)")
+    dueling: bool = key(True, "Q = V + A - mean(A): a value head and an advantage head (Wang et al. 2016)")
+    n_step: PositiveInt = key(3,
+                               "rewards summed over up to n steps before bootstrapping (fewer where the rollout "
+                               "ends)")
+    target_update_interval: PositiveInt = key(100, "updates between target network updates")
+    tau: Annotated[float, Gt(0), Le(1)] = key(1.0,
+                                               "the target's step towards the online network: 1 copies it, less is "
+                                               "Polyak averaging")
+    max_grad_norm: PositiveFloat = key(10.0, "clip the gradient's norm")
+    exploration: Annotated[str, OneOf("linear", "apex")] = key(
+        "linear",
+        "linear: one epsilon for every env, falling from initial_epsilon to final_epsilon over epsilon_steps; apex: "
+        "env i of the run's N acts with apex_epsilon^(1 + apex_alpha * i / (N - 1)) throughout (Horgan et al. 2018)")
+    initial_epsilon: Fraction = key(1.0, "exploration=linear: epsilon at the start")
+    final_epsilon: Fraction = key(0.05, "... after epsilon_steps")
+    epsilon_steps: PositiveInt = key(10_000, "... env steps (every actor's together) over which epsilon falls")
+    apex_epsilon: Annotated[float, Gt(0), Le(1)] = key(0.4, "exploration=apex: the base epsilon")
+    apex_alpha: NonNegativeFloat = key(7.0, "... and its exponent's spread over the envs")
+    n_rollout_steps: PositiveInt = key(16, "steps per worker rollout (n-step windows end with it)")
+    rollouts_per_iteration: PositiveInt = key(1, "rollouts moved into the replay buffer per learner iteration")
+    batch_size: PositiveInt = key(128, "transitions per gradient update")
+    replay_ratio: PositiveFloat = key(0.25, "gradient updates per collected transition")
+    initial_buffer_size: NonNegativeInt = key(1000,
+                                               "transitions collected by the initial sampling policy before learning")
+    initial_sampling_policy: Any = key(None,
+                                        "null or random: uniform random actions; a checkpoint path; or a mapping "
+                                        "with _target_ (as for SAC)")
 
 
 register_schema("algorithm", "dqn", DqnConfig)

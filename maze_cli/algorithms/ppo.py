@@ -26,7 +26,8 @@ from maze_cli.algorithms.contract import OptimizerGroup, Step
 from maze_cli.algorithms.impala import vtrace
 from maze_cli.algorithms.on_policy import (ActorCriticObjective, OnPolicyLoop, chosen_by_env, gae, masked_mean, normalization,
                                            normalized_advantages, value_forced_steps)
-from maze_cli.config.schema import option, register_schema
+from maze_cli.config.fields import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, key
+from maze_cli.config.schema import register_schema
 from maze_cli.learner import Learner
 from maze_cli.policies.actor_critic import ActorCritic, shares_network
 from maze_cli.policies.base import Observations, State
@@ -39,37 +40,52 @@ class PpoConfig:
     """PPO (Schulman et al. 2017): synchronous, each batch collected with the current policy version."""
 
     _target_: str = "maze_cli.algorithms.ppo.Ppo"
-    lr: float = option(3e-4, gt=0)  # Adam's learning rate
-    gamma: float = option(0.99, ge=0, le=1)  # discount
-    gae_lambda: float = option(0.95, ge=0, le=1)  # GAE's lambda (0: one-step TD error, 1: Monte Carlo)
-    n_rollout_steps: int = option(64, ge=1)  # steps per rollout (T)
-    n_epochs: int = option(4, ge=1)  # passes over each batch
-    # gradient steps per pass (recurrent policies: split by env into whole sequences, at least 4 in a minibatch)
-    n_minibatches: int = option(4, ge=1)
-    clip_range: float = option(0.2, gt=0)  # of the probability ratio in the surrogate
-    # null: a plain squared value error; a number: the value may move at most this far from its old estimate
-    # (the pessimistic max of the clipped and unclipped errors)
-    clip_value: Optional[float] = option(None, gt=0)
-    normalize_advantage: bool = True  # advantages to mean 0, std 1 per minibatch
-    value_coef: float = option(0.5, ge=0)  # weight of the value loss
-    entropy_coef: float = option(0.0, ge=0)  # weight of the entropy bonus
-    max_grad_norm: float = option(0.5, gt=0)  # gradient clipping by global norm
-    clip_per_network: bool = False  # the policy's and the value network's gradient norms clipped each on its own (as IMPALA's option)
-    target_kl: Optional[float] = option(None, gt=0)  # stop the batch's passes once a minibatch's approx. KL exceeds 1.5 x this
-    anneal_lr: bool = False  # lr falls linearly to 0 over the budget: max_env_steps, or max_time_s where that ends first
-    # the approx. KL each batch's update aims at: after a batch whose mean passed twice this, the lr falls by 1.5x
-    # (to lr/100 at most); under half of it, it rises by 1.5x, back to lr at most: a Gaussian whose std shrinks
-    # moves further with each step of the same lr, and this keeps the updates' size as it does
-    adaptive_lr_kl: Optional[float] = option(None, gt=0)
-    anneal_clip: bool = False  # clip_range likewise
-    adam_eps: float = option(1e-5, gt=0)  # Adam's epsilon
-    # one policy network for the action and value heads (true) or one each (false); null: one for a recurrent core
-    # (policy.core=lstm|gru: the memory learns from both losses), one each otherwise
-    shared_network: Optional[bool] = None
-    normalize_obs: Optional[bool] = None  # observations by a running mean/std, as for IMPALA; null: on for Box actions
-    normalize_reward: Optional[bool] = None  # rewards by the return's std, as for IMPALA; null: on for Box actions, single agent
-    normalize_images: bool = False  # each pixel of image observations by its own running mean/std, as for IMPALA
-    log_std_init: float = 0.0  # Box actions: the Gaussian's starting log std, as for IMPALA
+    lr: PositiveFloat = key(3e-4, "Adam's learning rate")
+    gamma: Fraction = key(0.99, "discount")
+    gae_lambda: Fraction = key(0.95, "GAE's lambda (0: one-step TD error, 1: Monte Carlo)")
+    n_rollout_steps: PositiveInt = key(64, "steps per rollout (T)")
+    n_epochs: PositiveInt = key(4, "passes over each batch")
+    n_minibatches: PositiveInt = key(4,
+                                      "gradient steps per pass (recurrent policies: split by env into whole "
+                                      "sequences, at least 4 in a minibatch)")
+    clip_range: PositiveFloat = key(0.2, "of the probability ratio in the surrogate")
+    clip_value: Optional[PositiveFloat] = key(None,
+                                               "null: a plain squared value error; a number: the value may move at "
+                                               "most this far from its old estimate (the pessimistic max of the "
+                                               "clipped and unclipped errors)")
+    normalize_advantage: bool = key(True, "advantages to mean 0, std 1 per minibatch")
+    value_coef: NonNegativeFloat = key(0.5, "weight of the value loss")
+    entropy_coef: NonNegativeFloat = key(0.0, "weight of the entropy bonus")
+    max_grad_norm: PositiveFloat = key(0.5, "gradient clipping by global norm")
+    clip_per_network: bool = key(False,
+                                  "the policy's and the value network's gradient norms clipped each on its own (as "
+                                  "IMPALA's option)")
+    target_kl: Optional[PositiveFloat] = key(None,
+                                              "stop the batch's passes once a minibatch's approx. KL exceeds 1.5 x "
+                                              "this")
+    anneal_lr: bool = key(False,
+                           "lr falls linearly to 0 over the budget: max_env_steps, or max_time_s where that ends "
+                           "first")
+    adaptive_lr_kl: Optional[PositiveFloat] = key(None,
+                                                   "the approx. KL each batch's update aims at: after a batch whose "
+                                                   "mean passed twice this, the lr falls by 1.5x (to lr/100 at "
+                                                   "most); under half of it, it rises by 1.5x, back to lr at most: a "
+                                                   "Gaussian whose std shrinks moves further with each step of the "
+                                                   "same lr, and this keeps the updates' size as it does")
+    anneal_clip: bool = key(False, "clip_range likewise")
+    adam_eps: PositiveFloat = key(1e-5, "Adam's epsilon")
+    shared_network: Optional[bool] = key(None,
+                                          "one policy network for the action and value heads (true) or one each "
+                                          "(false); null: one for a recurrent core (policy.core=lstm|gru: the memory "
+                                          "learns from both losses), one each otherwise")
+    normalize_obs: Optional[bool] = key(None,
+                                         "observations by a running mean/std, as for IMPALA; null: on for Box "
+                                         "actions")
+    normalize_reward: Optional[bool] = key(None,
+                                            "rewards by the return's std, as for IMPALA; null: on for Box actions, "
+                                            "single agent")
+    normalize_images: bool = key(False, "each pixel of image observations by its own running mean/std, as for IMPALA")
+    log_std_init: float = key(0.0, "Box actions: the Gaussian's starting log std, as for IMPALA")
 
 
 @dataclass
@@ -77,22 +93,26 @@ class AppoConfig(PpoConfig):
     """Asynchronous PPO (Sample Factory): actors never wait; V-trace targets correct for the lag."""
 
     _target_: str = "maze_cli.algorithms.ppo.Appo"
-    # The default algorithm: many passes of small minibatches per batch (2 rollouts x 8 envs x 128 steps = 2,048
-    # samples, 10 passes of 32 minibatches of 64), for the level a task reaches at a small budget of env steps
-    # (benchmarks/levels.py); PPO keeps its lighter passes
-    n_rollout_steps: int = option(128, ge=1)
-    n_epochs: int = option(10, ge=1)
-    n_minibatches: int = option(32, ge=1)
-    normalize_obs: Optional[bool] = None  # observations by a running mean/std; null: on (several agents: for Box actions only)
-    normalize_reward: Optional[bool] = None  # rewards by the return's std; null: on where a single agent acts
-    max_policy_lag: int = option(8, ge=0)  # rollouts older than this many policy versions are dropped
-    rho_bar: float = option(1.0, gt=0)  # V-trace's clip of the importance ratio in the value targets
-    c_bar: float = option(1.0, gt=0)  # V-trace's clip of the trace coefficients
-    # true: the surrogate's ratio against the policy as the batch's update began, each step weighted by V-trace's
-    # clipped rho for the lag behind it (a decoupled objective, Hilton et al. 2021): the clip bounds what one
-    # batch's update moves, however old its rollouts, and approx_kl measures that update (what adaptive_lr_kl
-    # needs); false: the ratio against the behaviour policy, as Sample Factory's APPO, the clip spent on the lag too
-    decoupled: bool = False
+    n_rollout_steps: PositiveInt = key(128,
+                                        "The default algorithm: many passes of small minibatches per batch (2 "
+                                        "rollouts x 8 envs x 128 steps = 2,048 samples, 10 passes of 32 minibatches "
+                                        "of 64), for the level a task reaches at a small budget of env steps "
+                                        "(benchmarks/levels.py); PPO keeps its lighter passes")
+    n_epochs: PositiveInt = key(10)
+    n_minibatches: PositiveInt = key(32)
+    normalize_obs: Optional[bool] = key(None,
+                                         "observations by a running mean/std; null: on (several agents: for Box "
+                                         "actions only)")
+    normalize_reward: Optional[bool] = key(None, "rewards by the return's std; null: on where a single agent acts")
+    max_policy_lag: NonNegativeInt = key(8, "rollouts older than this many policy versions are dropped")
+    rho_bar: PositiveFloat = key(1.0, "V-trace's clip of the importance ratio in the value targets")
+    c_bar: PositiveFloat = key(1.0, "V-trace's clip of the trace coefficients")
+    decoupled: bool = key(False,
+                           "true: the surrogate's ratio against the policy as the batch's update began, each step "
+                           "weighted by V-trace's clipped rho for the lag behind it (a decoupled objective, Hilton "
+                           "et al. 2021): the clip bounds what one batch's update moves, however old its rollouts, "
+                           "and approx_kl measures that update (what adaptive_lr_kl needs); false: the ratio against "
+                           "the behaviour policy, as Sample Factory's APPO, the clip spent on the lag too")
 
 
 register_schema("algorithm", "ppo", PpoConfig)

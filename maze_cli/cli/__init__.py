@@ -43,7 +43,7 @@ def parse_key_values(argv: list[str], schema: type, command: str, help_text: str
     `help_text`, anything else not of that form is a ConfigError showing `example`."""
     from omegaconf import OmegaConf
 
-    from maze_cli.config.schema import validate_section
+    from maze_cli.config.validation import validate_section
     from maze_cli.errors import ConfigError
 
     if any(a in ("-h", "--help") for a in argv):

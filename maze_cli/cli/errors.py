@@ -8,7 +8,8 @@ import yaml
 from hydra.errors import ConfigCompositionException, InstantiationException, MissingConfigException, OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
 
-from maze_cli.config.schema import expected_type, known_keys, suggest
+from maze_cli.config.schema import known_keys
+from maze_cli.config.validation import expected_type, suggest
 from maze_cli.errors import MazeCliError, first_line
 
 # A config file that is no YAML, and an interpolation (${...}) that names nothing, are bad input too.

@@ -6,24 +6,26 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 from omegaconf import MISSING
 
 from maze_cli.cli import parse_key_values, quiet_on_closed_pipe, run_command
-from maze_cli.config.schema import _f
+from maze_cli.config.fields import NonNegativeInt, OneOf, PositiveInt, key
 
 
 @dataclass
 class ExportConfig:
-    checkpoint: str = MISSING  # a checkpoints/last.pt or best.pt of a run
-    format: str = _f("onnx", choices=["onnx", "torchscript"])  # onnx (onnxruntime, any language) or torchscript (C++ libtorch)
-    out: Optional[str] = None  # the file to write; default: policy.onnx or policy.pt beside the checkpoint
-    observations: int = _f(1000, ge=1)  # observations of the env the model is checked on against the trained policy
-    seed: int = _f(0, ge=0)  # derives the env seeds of the check's episodes
-    group: Optional[str] = None  # a policy group's model (env.policy_groups: one model per group)
+    checkpoint: str = key(MISSING, "a checkpoints/last.pt or best.pt of a run")
+    format: Annotated[str, OneOf("onnx", "torchscript")] = key(
+        "onnx",
+        "onnx (onnxruntime, any language) or torchscript (C++ libtorch)")
+    out: Optional[str] = key(None, "the file to write; default: policy.onnx or policy.pt beside the checkpoint")
+    observations: PositiveInt = key(1000, "observations of the env the model is checked on against the trained policy")
+    seed: NonNegativeInt = key(0, "derives the env seeds of the check's episodes")
+    group: Optional[str] = key(None, "a policy group's model (env.policy_groups: one model per group)")
     allow: List[str] = field(default_factory=list)  # classes (import paths) the checkpoint may build besides maze_cli's own
-    trust_checkpoint: bool = False  # the checkpoint may name any class and hold pickled objects: runs code from it
+    trust_checkpoint: bool = key(False, "the checkpoint may name any class and hold pickled objects: runs code from it")
 
 
 HELP = """export-policy: write a trained policy as an ONNX or TorchScript file, checked against the policy.

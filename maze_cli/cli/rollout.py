@@ -12,21 +12,23 @@ from pathlib import Path
 from typing import List, Optional
 
 from maze_cli.cli import parse_key_values, quiet_on_closed_pipe, run_command
-from maze_cli.config.schema import _f
+from maze_cli.config.fields import NonNegativeInt, PositiveInt, key
 from maze_cli.errors import ConfigError, first_line
 
 
 @dataclass
 class RolloutConfig:
-    checkpoint: Optional[str] = None  # a checkpoints/last.pt or best.pt of a run
-    model: Optional[str] = None  # or a model export-policy wrote (ONNX; TorchScript too), played instead
-    episodes: int = _f(10, ge=1)
-    seed: int = _f(0, ge=0)  # derives the episodes' env seeds
-    deterministic: Optional[bool] = None  # true: the most likely action; false: sampled; null: as the run's evaluation
-    video: bool = False  # record the first episode: MP4 (or GIF without the video extra)
-    video_path: Optional[str] = None  # default: videos/rollout.mp4 in the checkpoint's run dir
+    checkpoint: Optional[str] = key(None, "a checkpoints/last.pt or best.pt of a run")
+    model: Optional[str] = key(None, "or a model export-policy wrote (ONNX; TorchScript too), played instead")
+    episodes: PositiveInt = key(10, "episodes played")
+    seed: NonNegativeInt = key(0, "derives the episodes' env seeds")
+    deterministic: Optional[bool] = key(None,
+                                         "true: the most likely action; false: sampled; null: as the run's "
+                                         "evaluation")
+    video: bool = key(False, "record the first episode: MP4 (or GIF without the video extra)")
+    video_path: Optional[str] = key(None, "default: videos/rollout.mp4 in the checkpoint's run dir")
     allow: List[str] = field(default_factory=list)  # classes (import paths) the checkpoint may build besides maze_cli's own
-    trust_checkpoint: bool = False  # the checkpoint may name any class and hold pickled objects: runs code from it
+    trust_checkpoint: bool = key(False, "the checkpoint may name any class and hold pickled objects: runs code from it")
 
 
 HELP = """rollout: play a policy saved by `train` (any algorithm) in its env and report its return.

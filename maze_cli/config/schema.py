@@ -6,24 +6,25 @@ arguments. They are registered in Hydra's ConfigStore (`register_configs`); the 
 extend them through their defaults list and hold only what differs. An algorithm's schema sits in its
 own file (maze_cli/algorithms/<name>.py) and registers itself there (`register_schema`).
 
-Each field may carry range metadata (`gt`, `ge`, `le`, `choices`); `validate_section` enforces it
-and turns every failure into a `ConfigError` naming the key and what is allowed. Nothing here
-imports torch; the algorithms' files, imported to register their schemas, do.
+Each key is declared with its type, limits, default and help (maze_cli.config.fields);
+`validate_section` (maze_cli.config.validation) checks them and turns every failure into a
+`ConfigError` naming the key and what is allowed. Nothing here imports torch; the algorithms' files,
+imported to register their schemas, do.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib.util
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Annotated, Any, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
+from omegaconf.errors import MissingMandatoryValue
 
-from maze_cli.errors import RAY_MISSING, ConfigError, first_line
+from maze_cli.config.fields import Fraction, NonNegativeFloat, NonNegativeInt, OneOf, PositiveFloat, PositiveInt, key
+from maze_cli.config.validation import check_arguments, validate_section
+from maze_cli.errors import RAY_MISSING, ConfigError
 from maze_cli.start_methods import START_METHODS, check_start_method
 
 
@@ -33,124 +34,144 @@ CONV_ENCODERS = ("auto", "impala", "nature", "small", "board")  # policy.encoder
 OWN_KEYS = {"policy": ("core_inputs",)}
 
 
-def _f(default: Any = dataclasses.MISSING, **limits: Any) -> Any:
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=limits)
-    return field(default=default, metadata=limits)
-
-
 @dataclass
 class EvalConfig:
-    # epochs between evaluations (the last epoch is always evaluated); 0: off, and target_return is then
-    # judged on the mean of the last target_window training episodes
-    interval: int = _f(1, ge=0)
-    # env steps between evaluations, in place of interval's epochs (an evaluation at the first epoch's end past
-    # them): a cadence that does not change with an algorithm's epoch length; null: by epochs
-    interval_env_steps: Optional[int] = _f(None, ge=1)
-    interval_s: Optional[float] = _f(None, gt=0)  # seconds of training between evaluations, likewise (with the above: whichever comes first)
-    episodes: int = _f(10, ge=1)  # episodes per evaluation, the same env seeds every time
-    # true: the policy's most likely action; false: sampled (seeded, so the same weights play the same episodes):
-    # for a policy whose most likely action can loop (MiniGrid: docs/runs.md)
-    deterministic: bool = True
-    # evaluate a copy of the weights in a thread while the learner trains on (its result joins a later epoch's row,
-    # eval/snapshot_env_steps naming the weights judged; best.pt is written from them); null: on where a core is
-    # left over (actors in processes of their own, more cores than actors + learner threads), off otherwise
-    background: Optional[bool] = None
-    video: bool = False  # record the first evaluation episode to videos/epoch_<n>.mp4 and TensorBoard
-    video_interval: int = _f(1, ge=1)  # record every n-th evaluation
+    interval: NonNegativeInt = key(1,
+                                    "epochs between evaluations (the last epoch is always evaluated); 0: off, and "
+                                    "target_return is then judged on the mean of the last target_window training "
+                                    "episodes")
+    interval_env_steps: Optional[PositiveInt] = key(None,
+                                                     "env steps between evaluations, in place of interval's epochs "
+                                                     "(an evaluation at the first epoch's end past them): a cadence "
+                                                     "that does not change with an algorithm's epoch length; null: "
+                                                     "by epochs")
+    interval_s: Optional[PositiveFloat] = key(None,
+                                               "seconds of training between evaluations, likewise (with the above: "
+                                               "whichever comes first)")
+    episodes: PositiveInt = key(10, "episodes per evaluation, the same env seeds every time")
+    deterministic: bool = key(True,
+                               "true: the policy's most likely action; false: sampled (seeded, so the same weights "
+                               "play the same episodes): for a policy whose most likely action can loop (MiniGrid: "
+                               "docs/runs.md)")
+    background: Optional[bool] = key(None,
+                                      "evaluate a copy of the weights in a thread while the learner trains on (its "
+                                      "result joins a later epoch's row, eval/snapshot_env_steps naming the weights "
+                                      "judged; best.pt is written from them); null: on where a core is left over "
+                                      "(actors in processes of their own, more cores than actors + learner threads), "
+                                      "off otherwise")
+    video: bool = key(False, "record the first evaluation episode to videos/epoch_<n>.mp4 and TensorBoard")
+    video_interval: PositiveInt = key(1, "record every n-th evaluation")
 
 
 @dataclass
 class CheckpointConfig:
-    interval: int = _f(10, ge=1)  # epochs between writes of last.pt (also written at the end, and on Ctrl-C or SIGTERM)
-    replay_buffer: bool = False  # also save the replay buffer (SAC), so that a resumed run keeps it
+    interval: PositiveInt = key(10,
+                                 "epochs between writes of last.pt (also written at the end, and on Ctrl-C or "
+                                 "SIGTERM)")
+    replay_buffer: bool = key(False, "also save the replay buffer (SAC), so that a resumed run keeps it")
 
 
 @dataclass
 class InitFromConfig:
     """Warm start: a new run from a checkpoint's policy (`init_from=<path>` is short for `init_from.path=<path>`)."""
 
-    path: Optional[str] = None  # a checkpoint whose policy weights the new run starts from
-    optimizer: bool = False  # also the learner's optimizer state (SAC: with its critics and temperature)
-    normalizer: bool = False  # also the observation statistics and reward scale (algorithm.normalize_obs/_reward)
+    path: Optional[str] = key(None, "a checkpoint whose policy weights the new run starts from")
+    optimizer: bool = key(False, "also the learner's optimizer state (SAC: with its critics and temperature)")
+    normalizer: bool = key(False, "also the observation statistics and reward scale (algorithm.normalize_obs/_reward)")
 
 
 @dataclass
 class LearnerConfig:
     """The shared learner of every algorithm (maze_cli/learner.py)."""
 
-    # fp32, bf16 (autocast, CPU and CUDA) or fp16 (autocast with a gradient scaler, CUDA only); auto:
-    # bf16 where it was measured faster and learning as well (conv policies on a CPU with AMX or on an AMD
-    # CPU with AVX512-BF16; conv policies of 500k parameters or more on a GPU with bf16), fp32 elsewhere
-    precision: str = _f("auto", choices=("auto", "fp32", "bf16", "fp16"))
-    compile: bool = False  # torch.compile each loss function once (needs a C++ compiler; on CUDA, Triton)
-    compile_mode: str = _f("default", choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
-    # data-parallel learners: each takes its share of runner.n_actors and its own batches; gradients are
-    # averaged (torch.distributed: gloo on CPU, NCCL on CUDA), so every learner holds the same weights
-    num_learners: int = _f(1, ge=1)
-    num_cpus_per_learner: float = _f(1.0, ge=0)  # runner=ray: what each learner's Ray actor reserves
-    num_gpus_per_learner: float = _f(0.0, ge=0)  # runner=ray: GPUs of each learner (device=cuda when > 0)
-    collective_timeout_s: float = _f(300.0, gt=0)  # a learner that sends nothing for this long stops the run
+    precision: Annotated[str, OneOf("auto", "fp32", "bf16", "fp16")] = key(
+        "auto",
+        "fp32, bf16 (autocast, CPU and CUDA) or fp16 (autocast with a gradient scaler, CUDA only); auto: bf16 where "
+        "it was measured faster and learning as well (conv policies on a CPU with AMX or on an AMD CPU with "
+        "AVX512-BF16; conv policies of 500k parameters or more on a GPU with bf16), fp32 elsewhere")
+    compile: bool = key(False, "torch.compile each loss function once (needs a C++ compiler; on CUDA, Triton)")
+    compile_mode: Annotated[str, OneOf("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")] = key(
+        "default",
+        "")
+    num_learners: PositiveInt = key(1,
+                                     "data-parallel learners: each takes its share of runner.n_actors and its own "
+                                     "batches; gradients are averaged (torch.distributed: gloo on CPU, NCCL on "
+                                     "CUDA), so every learner holds the same weights")
+    num_cpus_per_learner: NonNegativeFloat = key(1.0, "runner=ray: what each learner's Ray actor reserves")
+    num_gpus_per_learner: NonNegativeFloat = key(0.0, "runner=ray: GPUs of each learner (device=cuda when > 0)")
+    collective_timeout_s: PositiveFloat = key(300.0, "a learner that sends nothing for this long stops the run")
 
 
 @dataclass
 class SweepConfig:
     """What `train` returns to Hydra's sweepers (e.g. Optuna's) as the run's objective."""
 
-    # the stat key to judge the run on (any key of stats.jsonl, e.g. eval/success_rate); null: the best eval
-    # return (eval/return_mean), or the last training window mean (train/return_window_mean) with eval.interval=0
-    objective: Optional[str] = None
-    # how the key's values over the run's epochs become one number: max (its best), min, last or mean; with
-    # objective=null it is max for the eval return and last for the window mean
-    reduce: str = _f("max", choices=("max", "min", "last", "mean"))
+    objective: Optional[str] = key(None,
+                                    "the stat key to judge the run on (any key of stats.jsonl, e.g. "
+                                    "eval/success_rate); null: the best eval return (eval/return_mean), or the last "
+                                    "training window mean (train/return_window_mean) with eval.interval=0")
+    reduce: Annotated[str, OneOf("max", "min", "last", "mean")] = key(
+        "max",
+        "how the key's values over the run's epochs become one number: max (its best), min, last or mean; with "
+        "objective=null it is max for the eval return and last for the window mean")
 
 
 @dataclass
 class SelfPlayConfig:
     """A turn-based game's self-play (docs/multiagent.md): against the current policy, or a pool of earlier versions."""
 
-    # earlier policy versions each actor keeps as opponents; 0: every seat plays the current policy
-    pool_size: int = _f(0, ge=0)
-    pool_share: float = _f(0.5, ge=0, le=1)  # share of games in which the pool plays one seat (once it holds a version)
-    snapshot_every: int = _f(20, ge=1)  # policy versions between two snapshots into the pool
-    # the pool's versions play their most likely move (true) or sample as in training (false): a greedy
-    # opponent takes every win it sees, so blunders cost the learning seats every time
-    pool_greedy: bool = False
-    # training games begin after a number of random legal moves drawn from 0..opening_moves (evaluation's at the
-    # start): positions off self-play's own lines, where it learns to take the wins and block the threats it meets
-    opening_moves: int = _f(0, ge=0)
+    pool_size: NonNegativeInt = key(0,
+                                     "earlier policy versions each actor keeps as opponents; 0: every seat plays the "
+                                     "current policy")
+    pool_share: Fraction = key(0.5, "share of games in which the pool plays one seat (once it holds a version)")
+    snapshot_every: PositiveInt = key(20, "policy versions between two snapshots into the pool")
+    pool_greedy: bool = key(False,
+                             "the pool's versions play their most likely move (true) or sample as in training "
+                             "(false): a greedy opponent takes every win it sees, so blunders cost the learning "
+                             "seats every time")
+    opening_moves: NonNegativeInt = key(0,
+                                         "training games begin after a number of random legal moves drawn from "
+                                         "0..opening_moves (evaluation's at the start): positions off self-play's "
+                                         "own lines, where it learns to take the wins and block the threats it meets")
 
 
 @dataclass
 class TrainConfig:
     """Top-level keys of `train` (the budget and the run)."""
 
-    # master seed: every actor's env and action-sampling seeds, the learner's, the replay buffer's and the
-    # evaluation envs' seeds derive from it (each can be set on its own)
-    seed: int = _f(1, ge=0)
-    max_env_steps: int = _f(1_000_000, ge=1)  # env steps budget (the packaged env configs set their own)
-    max_time_s: Optional[float] = _f(None, gt=0)  # wall-clock budget of the training loop, in seconds; null: none
-    # stop once the return reaches this; null: run for the budget. With evaluation on (eval.interval > 0) it is
-    # judged on each evaluation's mean return, with eval.interval=0 on the mean of the last target_window
-    # training episodes (train/return_window_mean). The packaged env configs set their own.
-    target_return: Optional[float] = None
-    target_window: int = _f(100, ge=1)  # training episodes that train/return_window_mean averages
-    # learner iterations per epoch (an iteration: one batch learned from; SAC: the gradient steps one rollout
-    # pays for); an epoch is one row of stats and, with evaluation on, an evaluation; null: the algorithm's choice
-    epoch_length: Optional[int] = _f(None, ge=1)
-    device: str = "cpu"  # the learner's torch device (cpu, cuda, cuda:1, ...); actors always run on CPU
-    # torch threads in the learner's process; null: the cores the actors leave it while it learns, that is
-    # every core (divided among the learners) for an algorithm whose actors wait for its update (PPO), else 1;
-    # 1 in reproducible mode, whose results depend on it. More threads pay only for a wide network
-    torch_threads: Optional[int] = _f(1, ge=1)
+    seed: NonNegativeInt = key(1,
+                                "master seed: every actor's env and action-sampling seeds, the learner's, the replay "
+                                "buffer's and the evaluation envs' seeds derive from it (each can be set on its own)")
+    max_env_steps: PositiveInt = key(1_000_000, "env steps budget (the packaged env configs set their own)")
+    max_time_s: Optional[PositiveFloat] = key(None, "wall-clock budget of the training loop, in seconds; null: none")
+    target_return: Optional[float] = key(None,
+                                          "stop once the return reaches this; null: run for the budget. With "
+                                          "evaluation on (eval.interval > 0) it is judged on each evaluation's mean "
+                                          "return, with eval.interval=0 on the mean of the last target_window "
+                                          "training episodes (train/return_window_mean). The packaged env configs "
+                                          "set their own.")
+    target_window: PositiveInt = key(100, "training episodes that train/return_window_mean averages")
+    epoch_length: Optional[PositiveInt] = key(None,
+                                               "learner iterations per epoch (an iteration: one batch learned from; "
+                                               "SAC: the gradient steps one rollout pays for); an epoch is one row "
+                                               "of stats and, with evaluation on, an evaluation; null: the "
+                                               "algorithm's choice")
+    device: str = key("cpu", "the learner's torch device (cpu, cuda, cuda:1, ...); actors always run on CPU")
+    torch_threads: Optional[PositiveInt] = key(1,
+                                                "torch threads in the learner's process; null: the cores the actors "
+                                                "leave it while it learns, that is every core (divided among the "
+                                                "learners) for an algorithm whose actors wait for its update (PPO), "
+                                                "else 1; 1 in reproducible mode, whose results depend on it. More "
+                                                "threads pay only for a wide network")
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    resume: Optional[str] = None  # a run dir to continue in place, with its saved config
+    resume: Optional[str] = key(None, "a run dir to continue in place, with its saved config")
     init_from: InitFromConfig = field(default_factory=InitFromConfig)
-    # true: checkpoints read by this run (resume, init_from, algorithm.initial_sampling_policy) may hold pickled
-    # objects and name any class: this runs code from the file; only for files from people you trust
-    trust_checkpoint: bool = False
+    trust_checkpoint: bool = key(False,
+                                  "true: checkpoints read by this run (resume, init_from, "
+                                  "algorithm.initial_sampling_policy) may hold pickled objects and name any class: "
+                                  "this runs code from the file; only for files from people you trust")
     sweep: SweepConfig = field(default_factory=SweepConfig)
     selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
 
@@ -175,18 +196,18 @@ class TrainRootConfig(TrainConfig):
 @dataclass
 class UniformReplayConfig:
     _target_: str = "maze_cli.buffers.UniformReplayBuffer"
-    capacity: int = _f(1_000_000, ge=1)  # items; the storage is preallocated, so its memory follows from the shapes
-    seed: Optional[int] = _f(None, ge=0)  # the sampling seed; null: derived from the master seed
+    capacity: PositiveInt = key(1_000_000, "items; the storage is preallocated, so its memory follows from the shapes")
+    seed: Optional[NonNegativeInt] = key(None, "the sampling seed; null: derived from the master seed")
 
 
 @dataclass
 class PrioritizedReplayConfig(UniformReplayConfig):
     _target_: str = "maze_cli.buffers.PrioritizedReplayBuffer"
-    alpha: float = _f(0.6, ge=0)  # P(i) proportional to (abs(TD error) + eps) ^ alpha
-    beta: float = _f(0.4, ge=0, le=1)  # the importance-weight exponent at the start
-    beta_final: float = _f(1.0, ge=0, le=1)  # ... annealed linearly to this
-    beta_anneal_samples: int = _f(100_000, ge=1)  # ... over this many sampled batches
-    eps: float = _f(1e-6, gt=0)  # keeps every priority above zero
+    alpha: NonNegativeFloat = key(0.6, "P(i) proportional to (abs(TD error) + eps) ^ alpha")
+    beta: Fraction = key(0.4, "the importance-weight exponent at the start")
+    beta_final: Fraction = key(1.0, "... annealed linearly to this")
+    beta_anneal_samples: PositiveInt = key(100_000, "... over this many sampled batches")
+    eps: PositiveFloat = key(1e-6, "keeps every priority above zero")
 
 
 # -- policy -----------------------------------------------------------------------------------------
@@ -195,13 +216,16 @@ class MlpPolicyConfig:
     """The policy network: each algorithm puts its heads (action distribution, value, Q) on top."""
 
     _target_: str = "maze_cli.policies.mlp.MlpNetwork"
-    hidden_sizes: List[int] = _f([64, 64], ge=1)  # hidden layers, each followed by the activation
-    activation: Optional[str] = _f(None, choices=("tanh", "relu", "elu"))  # null: the algorithm's choice
-    core: str = _f("identity", choices=("identity", "lstm", "gru"))  # lstm / gru: a recurrent core (memory); SAC refuses it
-    core_size: Optional[int] = _f(None, ge=1)  # units of a recurrent core; null: 128
-    # what the network sees: the observation, and optionally the previous action and reward (as
-    # IMPALA feeds its LSTM); they reach it as two more observation keys (maze_cli.envs.core_inputs)
-    core_inputs: List[str] = _f(["obs"], choices=CORE_INPUTS)
+    hidden_sizes: List[PositiveInt] = key([64, 64], "hidden layers, each followed by the activation")
+    activation: Optional[Annotated[str, OneOf("tanh", "relu", "elu")]] = key(None, "null: the algorithm's choice")
+    core: Annotated[str, OneOf("identity", "lstm", "gru")] = key(
+        "identity",
+        "lstm / gru: a recurrent core (memory); SAC refuses it")
+    core_size: Optional[PositiveInt] = key(None, "units of a recurrent core; null: 128")
+    core_inputs: List[Annotated[str, OneOf(*CORE_INPUTS)]] = key(
+        ["obs"],
+        "what the network sees: the observation, and optionally the previous action and reward (as IMPALA feeds its "
+        "LSTM); they reach it as two more observation keys (maze_cli.envs.core_inputs)")
 
 
 @dataclass
@@ -209,58 +233,69 @@ class CnnPolicyConfig(MlpPolicyConfig):
     """Conv encoders for image observations (HWC or CHW), the other keys flattened, then the MLP and core."""
 
     _target_: str = "maze_cli.policies.cnn.CnnNetwork"
-    encoder: str = _f("auto", choices=CONV_ENCODERS)  # auto: board below 8 a side, small below 32, else impala
-    hidden_sizes: List[int] = _f([256], ge=1)  # hidden layers after the encoders
-    activation: Optional[str] = _f("relu", choices=("tanh", "relu", "elu"))  # of the hidden layers
-    channels_last: Optional[bool] = None  # HWC (true) or CHW (false); null: the channel axis is the smaller of first and last
+    encoder: Annotated[str, OneOf(*CONV_ENCODERS)] = key("auto",
+                                                          "auto: board below 8 a side, small below 32, else impala")
+    hidden_sizes: List[PositiveInt] = key([256], "hidden layers after the encoders")
+    activation: Optional[Annotated[str, OneOf("tanh", "relu", "elu")]] = key("relu", "of the hidden layers")
+    channels_last: Optional[bool] = key(None,
+                                         "HWC (true) or CHW (false); null: the channel axis is the smaller of first "
+                                         "and last")
 
 
 # -- runner -----------------------------------------------------------------------------------------
 @dataclass
 class SequentialRunnerConfig:
     _target_: str = "maze_cli.parallel.SequentialDistributedActors"
-    n_actors: int = _f(2, ge=1)  # actors (runner=subproc: processes; runner=ray: Ray actors)
-    # envs each actor steps together, with one batched forward pass a step; null: the algorithm's choice
-    envs_per_actor: Optional[int] = _f(None, ge=1)
-    batch_size: int = _f(2, ge=1)  # rollouts per learner update (SAC takes algorithm.rollouts_per_iteration instead)
-    actor_env_seeds: Optional[List[int]] = None  # one env seed per actor; null: derived from seed
-    actor_agent_seeds: Optional[List[int]] = None  # one action-sampling seed per actor; null: derived from seed
-    # failed actors restarted per run (fresh envs, seeds derived from the actor's and its restart count, the lost
-    # rollouts dropped); one more failure, or any with 0, ends the run with the error in one message
-    max_restarts: int = _f(3, ge=0)
-    # an actor that sent no rollout this long counts as failed and is restarted; null: never. runner=sequential:
-    # a rollout running this long is interrupted (main thread only); runner=ray: the clock of a (re)started
-    # actor starts when it is created, so keep it above Ray's actor start-up
-    rollout_timeout_s: Optional[float] = _f(120.0, gt=0)
-    # true: a run is a function of its seed on every runner (the same stats rows apart from timings, the same
-    # weights): each actor collects its rollouts with policy versions fixed in advance (one update behind the
-    # learner, PPO's the current one) and the learner takes them in a fixed order, waiting for a slow actor
-    # instead of taking the next rollout ready (docs/runs.md, Reproducible runs)
-    reproducible: bool = False
+    n_actors: PositiveInt = key(2, "actors (runner=subproc: processes; runner=ray: Ray actors)")
+    envs_per_actor: Optional[PositiveInt] = key(None,
+                                                 "envs each actor steps together, with one batched forward pass a "
+                                                 "step; null: the algorithm's choice")
+    batch_size: PositiveInt = key(2, "rollouts per learner update (SAC takes algorithm.rollouts_per_iteration instead)")
+    actor_env_seeds: Optional[List[int]] = key(None, "one env seed per actor; null: derived from seed")
+    actor_agent_seeds: Optional[List[int]] = key(None, "one action-sampling seed per actor; null: derived from seed")
+    max_restarts: NonNegativeInt = key(3,
+                                        "failed actors restarted per run (fresh envs, seeds derived from the actor's "
+                                        "and its restart count, the lost rollouts dropped); one more failure, or any "
+                                        "with 0, ends the run with the error in one message")
+    rollout_timeout_s: Optional[PositiveFloat] = key(120.0,
+                                                      "an actor that sent no rollout this long counts as failed and "
+                                                      "is restarted; null: never. runner=sequential: a rollout "
+                                                      "running this long is interrupted (main thread only); "
+                                                      "runner=ray: the clock of a (re)started actor starts when it "
+                                                      "is created, so keep it above Ray's actor start-up")
+    reproducible: bool = key(False,
+                              "true: a run is a function of its seed on every runner (the same stats rows apart from "
+                              "timings, the same weights): each actor collects its rollouts with policy versions "
+                              "fixed in advance (one update behind the learner, PPO's the current one) and the "
+                              "learner takes them in a fixed order, waiting for a slow actor instead of taking the "
+                              "next rollout ready (docs/runs.md, Reproducible runs)")
 
 
 @dataclass
 class SubprocRunnerConfig(SequentialRunnerConfig):
     _target_: str = "maze_cli.parallel.SubprocDistributedActors"
-    # the pool holds this x batch_size + n_actors rollout slots, all that may be collected ahead of the learner:
-    # it bounds policy lag
-    queue_out_of_sync_factor: float = _f(1.0, gt=0)
-    start_method: Optional[str] = _f(None, choices=START_METHODS)  # null: forkserver where available
-    # where the rollout slots and weights the actors share live: shm (/dev/shm), file (a nameless file in the temp
-    # dir, TMPDIR, mapped by every process), or auto: /dev/shm when it holds them, else a file with a warning
-    shared_memory: str = _f("auto", choices=("auto", "shm", "file"))
+    queue_out_of_sync_factor: PositiveFloat = key(1.0,
+                                                   "the pool holds this x batch_size + n_actors rollout slots, all "
+                                                   "that may be collected ahead of the learner: it bounds policy lag")
+    start_method: Optional[Annotated[str, OneOf(*START_METHODS)]] = key(None, "null: forkserver where available")
+    shared_memory: Annotated[str, OneOf("auto", "shm", "file")] = key(
+        "auto",
+        "where the rollout slots and weights the actors share live: shm (/dev/shm), file (a nameless file in the "
+        "temp dir, TMPDIR, mapped by every process), or auto: /dev/shm when it holds them, else a file with a "
+        "warning")
 
 
 @dataclass
 class RayRunnerConfig(SequentialRunnerConfig):
     _target_: str = "maze_cli.parallel.ray_backend.RayDistributedActors"
-    # null: start a Ray on this machine and shut it down at the end; auto or host:port: join a running
-    # cluster (left running)
-    address: Optional[str] = None
-    num_cpus_per_actor: float = _f(1.0, ge=0)  # CPUs each Ray actor reserves
-    num_gpus_per_actor: float = _f(0.0, ge=0)  # GPUs each Ray actor reserves (for placement; actors act on CPU)
-    resources: Any = None  # custom Ray resources each actor needs, {name: amount}, e.g. runner.resources={big_mem: 1}
-    max_in_flight_per_actor: int = _f(2, ge=1)  # rollouts requested ahead from each actor; bounds policy lag
+    address: Optional[str] = key(None,
+                                  "null: start a Ray on this machine and shut it down at the end; auto or host:port: "
+                                  "join a running cluster (left running)")
+    num_cpus_per_actor: NonNegativeFloat = key(1.0, "CPUs each Ray actor reserves")
+    num_gpus_per_actor: NonNegativeFloat = key(0.0, "GPUs each Ray actor reserves (for placement; actors act on CPU)")
+    resources: Any = key(None,
+                          "custom Ray resources each actor needs, {name: amount}, e.g. runner.resources={big_mem: 1}")
+    max_in_flight_per_actor: PositiveInt = key(2, "rollouts requested ahead from each actor; bounds policy lag")
 
 
 # The packaged options of each group: registered in Hydra's ConfigStore as `<group>/<option>_schema`,
@@ -271,11 +306,6 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "runner": {"sequential": SequentialRunnerConfig, "subproc": SubprocRunnerConfig, "ray": RayRunnerConfig},
     "replay_buffer": {"uniform": UniformReplayConfig, "prioritized": PrioritizedReplayConfig},
 }
-
-
-def option(default: Any = dataclasses.MISSING, **limits: Any) -> Any:
-    """A schema field with its default and limits (`gt`, `ge`, `le`, `choices`), checked by `validate_section`."""
-    return _f(default, **limits)
 
 
 def register_schema(group: str, name: str, schema: type) -> None:
@@ -304,8 +334,8 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainRootConfig)
     for group, options in SCHEMAS.items():
-        for option, schema in options.items():
-            store.store(group=group, name=f"{option}_schema", node=schema)
+        for option, option_schema in options.items():
+            store.store(group=group, name=f"{option}_schema", node=option_schema)
 
 
 def known_keys(section: str | None) -> list[str]:
@@ -318,86 +348,6 @@ def known_keys(section: str | None) -> list[str]:
     if section is None:
         keys |= set(SCHEMAS) | {"env", "logger", "callbacks"}
     return sorted(keys)
-
-
-def suggest(key: str, candidates: list[str]) -> str:
-    """' (did you mean X?)' for a near miss, else ''."""
-    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _type_name(tp: Any) -> str:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Union and type(None) in args:
-        inner = [a for a in args if a is not type(None)][0]
-        return f"{_type_name(inner)} or null"
-    if origin in (list, List):
-        return f"a list of {_type_name(args[0]).removeprefix('an ').removeprefix('a ')}s"
-    if origin in (dict, Dict):
-        return f"a mapping of names to {_type_name(args[1]).removeprefix('an ').removeprefix('a ')}s, e.g. {{name: 1}}"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
-
-
-def expected_type(schema: type, path: str) -> str:
-    """What the schema wants at a dotted path, in words."""
-    tp: Any = schema
-    for part in path.split("."):
-        tp = _unwrap_optional(tp)
-        if typing.get_origin(tp) in (dict, Dict):  # a free key of a mapping: its value type
-            tp = typing.get_args(tp)[1]
-            continue
-        hints = typing.get_type_hints(tp) if dataclasses.is_dataclass(tp) else {}
-        if part not in hints:
-            return "another value"
-        tp = hints[part]
-    return _type_name(tp)
-
-
-def _unwrap_optional(tp: Any) -> Any:
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    return args[0] if typing.get_origin(tp) is typing.Union and len(args) == 1 else tp
-
-
-def _check_limits(prefix: str, name: str, value: Any, limits: dict[str, Any]) -> None:
-    if value is None:
-        return
-    for item in value if isinstance(value, list) else [value]:
-        allowed = limits.get("choices")
-        if allowed is not None and item not in allowed:
-            raise ConfigError(f"{prefix}{name}={item}: must be one of {', '.join(map(str, allowed))}")
-        for op, ok, word in (("gt", lambda a, b: a > b, ">"), ("ge", lambda a, b: a >= b, ">="), ("le", lambda a, b: a <= b, "<=")):
-            if op in limits and not ok(item, limits[op]):
-                raise ConfigError(f"{prefix}{name}={item}: must be {word} {limits[op]}")
-
-
-def validate_section(schema: type, values: DictConfig | dict, prefix: str, what: str) -> Any:
-    """Merge `values` into `schema`; return the dataclass instance or raise ConfigError."""
-    names = [f.name for f in dataclasses.fields(schema)]
-    for key in values:
-        if key not in names:
-            raise ConfigError(f"{prefix}{key}: unknown key{suggest(str(key), names)}; {what} takes: {', '.join(names)}")
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), values)
-        instance = OmegaConf.to_object(merged)
-    except MissingMandatoryValue as err:
-        raise ConfigError(f"{prefix}{err.full_key}: a value is required") from None
-    except (ValidationError, ConfigKeyError) as err:
-        path = str(err.full_key or "?").split("[")[0]
-        if isinstance(err, ConfigKeyError):
-            raise ConfigError(f"{prefix}{path}: unknown key{suggest(path.split('.')[-1], known_keys(path.split('.')[0]))}") from None
-        shown = "" if err.value is None else f"={err.value}"
-        raise ConfigError(f"{prefix}{path}{shown}: expected {expected_type(schema, path)}") from None
-    _check_all_limits(instance, prefix)
-    return instance
-
-
-def _check_all_limits(instance: Any, prefix: str) -> None:
-    for f in dataclasses.fields(instance):
-        value = getattr(instance, f.name)
-        if dataclasses.is_dataclass(value):
-            _check_all_limits(value, f"{prefix}{f.name}.")
-        else:
-            _check_limits(prefix, f.name, value, dict(f.metadata))
 
 
 def validate_group(section: str, values: DictConfig) -> DictConfig:
@@ -419,38 +369,13 @@ def validate_group(section: str, values: DictConfig) -> DictConfig:
         instance = validate_section(schema, values, f"{section}.", f"{section} {target}")
         return OmegaConf.create(dataclasses.asdict(instance))
     resolved = OmegaConf.create(OmegaConf.to_container(values, resolve=True) if isinstance(values, DictConfig) else values)
-    check_arguments(section, resolved)
+    check_arguments(section, resolved, own=OWN_KEYS.get(section, ()))
     return resolved
 
 
 def _default_target(schema: type) -> str | None:
     field_ = {f.name: f for f in dataclasses.fields(schema)}.get("_target_")
     return None if field_ is None else field_.default
-
-
-def check_arguments(section: str, values: DictConfig | dict, passed: tuple[str, ...] = ()) -> None:
-    """The class named by `_target_` exists and accepts every other key (plus `passed`, the
-    arguments maze_cli supplies itself, such as the spaces)."""
-    import inspect
-
-    from hydra.utils import get_object
-
-    target = values["_target_"]
-    try:
-        obj = get_object(target)
-    except Exception as err:  # noqa: BLE001 - an import error of any kind is the user's to fix
-        cause = err.__cause__ or err
-        raise ConfigError(f"{section}._target_={target}: cannot import it ({type(cause).__name__}: {first_line(cause)})") from None
-    try:
-        parameters = inspect.signature(obj).parameters
-    except (TypeError, ValueError):
-        return
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return
-    names = [n for n, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL and n != "self"]
-    for key in values:
-        if key != "_target_" and key not in names and key not in OWN_KEYS.get(section, ()):
-            raise ConfigError(f"{section}.{key}: unknown key{suggest(str(key), names)}; {target} takes: {', '.join(names)}")
 
 
 class NoEnvError(ConfigError):
@@ -535,7 +460,7 @@ def validate_loggers(loggers: Any) -> dict[str, Any]:
     resolved = _named_targets("logger", loggers, "trackers chosen with +logger=<name> (or +logger=[a,b])",
                               " (a writer class with write(stats) and close())")
     for name, options in resolved.items():
-        check_arguments(f"logger.{name}", options, passed=("run_dir", "config"))
+        check_arguments(f"logger.{name}", options)
         from hydra.utils import get_object
 
         from maze_cli.stats.trackers import check_installed
@@ -546,10 +471,10 @@ def validate_loggers(loggers: Any) -> dict[str, Any]:
 
 def _check_runner(runner: DictConfig) -> None:
     n_actors = runner.get("n_actors")
-    for key in ("actor_env_seeds", "actor_agent_seeds"):
-        seeds = runner.get(key)
+    for seeds_key in ("actor_env_seeds", "actor_agent_seeds"):
+        seeds = runner.get(seeds_key)
         if seeds is not None and n_actors is not None and len(seeds) != n_actors:
-            raise ConfigError(f"runner.{key} has {len(seeds)} seeds: give one per actor (runner.n_actors={n_actors})")
+            raise ConfigError(f"runner.{seeds_key} has {len(seeds)} seeds: give one per actor (runner.n_actors={n_actors})")
     if "ray_backend" in runner._target_ and importlib.util.find_spec("ray") is None:
         raise ConfigError(RAY_MISSING)
     _check_resources(runner.get("resources"))
@@ -566,7 +491,7 @@ def _check_resources(resources: Any) -> None:
     if resources is None:
         return
     if not isinstance(resources, (DictConfig, dict)):
-        raise ConfigError(f"runner.resources={resources}: expected {_type_name(Optional[Dict[str, float]])}")
+        raise ConfigError(f"runner.resources={resources}: expected a mapping of names to numbers, e.g. {{name: 1}}, or null")
     for name, amount in resources.items():
         if isinstance(amount, bool) or not isinstance(amount, (int, float)):
             raise ConfigError(f"runner.resources.{name}={amount}: expected a number")

@@ -107,7 +107,7 @@ class EnvFactory(EnvSource):
         if self.config.get("register"):
             raise EnvConfigError(f"env.register={self.config['register']}: only for an env given by env.id "
                                  f"(a _target_'s module is imported by itself)")
-        from maze_cli.config.schema import check_arguments
+        from maze_cli.config.validation import check_arguments
 
         try:
             check_arguments("env", {k: v for k, v in self.config.items() if k not in OWN_KEYS})
