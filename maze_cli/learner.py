@@ -389,8 +389,7 @@ def auto_precision(device: torch.device, convolutional: bool, parameters: int = 
     """What `learner.precision=auto` becomes: bf16 for conv policies on a CPU that computes bf16 faster
     than fp32 (`bf16_pays_on_cpu`), and for conv policies of `GPU_BF16_MIN_PARAMETERS` or more on a GPU
     with bf16; fp32 elsewhere. Small networks gain nothing from bf16: on a GPU the update of a small net
-    waits on kernel launches, to which autocast only adds its casts: MinAtar's conv policy ran slower in
-    bf16 there, the nature CNN faster (benchmarks/LEARNER.md)."""
+    waits on kernel launches, to which autocast only adds its casts."""
     if device.type == "cuda":
         large = convolutional and parameters >= GPU_BF16_MIN_PARAMETERS
         return "bf16" if large and torch.cuda.is_bf16_supported() else "fp32"
@@ -400,8 +399,8 @@ def auto_precision(device: torch.device, convolutional: bool, parameters: int = 
 def bf16_pays_on_cpu(cpuinfo: str) -> bool:
     """Whether a CPU, described by the text of /proc/cpuinfo, runs a conv learner faster in bf16 than in
     fp32: one with bf16 matrix units (AMX), or an AMD one with AVX512-BF16 (Zen 4 and later compute bf16
-    dot products at full width). An Intel CPU with AVX512-BF16 but no AMX ran the Atari learner slower in
-    bf16, and one without bf16 instructions only emulates it (benchmarks/LEARNER.md)."""
+    dot products at full width). Without AMX an Intel CPU's AVX512-BF16 is slower than fp32, and a CPU
+    without bf16 instructions only emulates it."""
     if re.search(r"\bamx_bf16\b", cpuinfo):
         return True
     return bool(re.search(r"\bavx512_bf16\b", cpuinfo)) and "AuthenticAMD" in cpuinfo

@@ -30,9 +30,7 @@ class ImpalaConfig:
     """IMPALA with V-trace (Espeholt et al. 2018)."""
 
     _target_: str = "maze_cli.algorithms.impala.Impala"
-    lr: PositiveFloat = key(1e-3,
-                             "Adam's learning rate (higher ones made the CartPole policy collapse: "
-                             "docs/benchmarks.md)")
+    lr: PositiveFloat = key(1e-3, "Adam's learning rate")
     gamma: Fraction = key(0.99, "discount")
     n_rollout_steps: PositiveInt = key(32, "steps per rollout (T)")
     rho_bar: PositiveFloat = key(1.0, "V-trace's clip of the importance weights")
@@ -44,17 +42,14 @@ class ImpalaConfig:
     value_coef: NonNegativeFloat = key(0.5, "weight of the value loss")
     entropy_coef: NonNegativeFloat = key(0.01, "weight of the entropy bonus")
     normalize_advantage: bool = key(True,
-                                     "the batch's V-trace advantages to mean 0, std 1, so the entropy bonus weighs "
-                                     "the same on any reward scale; without it IMPALA did not learn Pendulum or "
-                                     "MiniGrid's sparse reward, while CartPole, Acrobot and MinAtar learn faster "
-                                     "without it (their tuning files turn it off; benchmarks/SUITE.md)")
+                                     "the batch's V-trace advantages to mean 0, std 1, so that the entropy bonus "
+                                     "weighs the same on any reward scale")
     max_grad_norm: PositiveFloat = key(0.5, "gradient clipping by global norm")
     clip_per_network: bool = key(False,
                                   "with a value network of its own (shared_network=false), its gradient norm and the "
-                                  "policy network's each clipped to max_grad_norm: where returns run to hundreds the "
-                                  "value loss's gradient is far above the clip, and clipped together it shrinks the "
-                                  "policy's step with it. Not the default: faster on one kind of task of the "
-                                  "development suite, and it lost a held-out memory task (benchmarks/SUITE.md)")
+                                  "policy network's each clipped to max_grad_norm: where returns run to hundreds, the "
+                                  "value loss's gradient is far above the clip and, clipped together, shrinks the "
+                                  "policy's step with it")
     anneal_lr: bool = key(False,
                            "lr falls linearly to 0 over the budget: max_env_steps, or max_time_s where that ends "
                            "first")
@@ -154,8 +149,7 @@ def _discounted_backwards(deltas: torch.Tensor, factors: torch.Tensor) -> torch.
 class Impala(ImpalaConfig, Algorithm):
     """`algorithm=impala`: actor-critic policy, actors feeding batches of rollouts as they come, V-trace."""
 
-    # Chosen on a suite of envs by wall time to the target, not by env steps/s: more envs per actor give more
-    # env steps/s but fewer updates per env step, and learned slower (benchmarks/SUITE.md).
+    # chosen by wall time to a target, not by env steps/s: more envs per actor mean fewer updates per env step
     envs_per_actor = 16
     epoch_length = 80  # updates of 2 x 16 x 32 samples: an epoch (a row of stats, an evaluation) of about a second
     network_defaults = {"activation": "tanh"}

@@ -111,10 +111,8 @@ def normalization(normalize_obs: bool | None, normalize_reward: bool | None, par
     `every_env`: on for discrete actions too where a single agent acts (APPO, the default algorithm: a user's
     env brings scales of its own).
 
-    Rewards stay as they are by default where several agents act (a PettingZoo env): on MPE's tasks,
-    returns scaled to a few units, by the running std or by a fixed factor alike, made IMPALA's shared
-    policy collapse below random play on most seeds, and PPO's for a while. It happened neither with the
-    rewards as they are nor without the values bootstrapped at MPE's time limits (benchmarks/SUITE.md)."""
+    Rewards stay as they are by default where several agents act (a PettingZoo env): there, returns scaled
+    to a few units made a shared policy collapse where raw rewards did not (benchmarks/SUITE.md)."""
     single_agent = parts.env_factory.agents is None
     auto = continuous(parts.action_space) or (every_env and single_agent)
     scale_rewards = auto and single_agent

@@ -94,10 +94,8 @@ class AppoConfig(PpoConfig):
 
     _target_: str = "maze_cli.algorithms.ppo.Appo"
     n_rollout_steps: PositiveInt = key(128,
-                                        "The default algorithm: many passes of small minibatches per batch (2 "
-                                        "rollouts x 8 envs x 128 steps = 2,048 samples, 10 passes of 32 minibatches "
-                                        "of 64), for the level a task reaches at a small budget of env steps "
-                                        "(benchmarks/levels.py); PPO keeps its lighter passes")
+                                        "steps per rollout (T): with the default's 2 rollouts of 8 envs, batches of "
+                                        "2,048 samples, each learned in 10 passes of 32 minibatches")
     n_epochs: PositiveInt = key(10)
     n_minibatches: PositiveInt = key(32)
     normalize_obs: Optional[bool] = key(None,

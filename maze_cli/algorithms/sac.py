@@ -179,9 +179,8 @@ class TwinCritic(nn.Module):
 class Sac(SacConfig, Algorithm):
     """`algorithm=sac`: workers fill a replay buffer; the learner samples from it at `replay_ratio`."""
 
-    # SAC makes one update per transition, so env steps/s never limit it and a few envs suffice: with 2 per
-    # actor the envs' episodes (what a training window judges) end sooner after the policy improves, and the
-    # suite's Box-action and Dict tasks learned as fast or faster than with 8 (benchmarks/SUITE.md)
+    # one update per transition: env steps/s never limit SAC, and with few envs the episodes a training
+    # window judges end soon after the policy improves
     envs_per_actor = 2
     epoch_length = 16  # an iteration is 16 gradient steps, an epoch 256 of them (Algorithm.epoch_length says why)
     network_defaults = {"activation": "relu"}

@@ -86,9 +86,9 @@ class LearnerConfig:
 
     precision: Annotated[str, OneOf("auto", "fp32", "bf16", "fp16")] = key(
         "auto",
-        "fp32, bf16 (autocast, CPU and CUDA) or fp16 (autocast with a gradient scaler, CUDA only); auto: bf16 where "
-        "it was measured faster and learning as well (conv policies on a CPU with AMX or on an AMD CPU with "
-        "AVX512-BF16; conv policies of 500k parameters or more on a GPU with bf16), fp32 elsewhere")
+        "fp32, bf16 (autocast, CPU and CUDA) or fp16 (autocast with a gradient scaler, CUDA only); auto: bf16 for "
+        "conv policies where the hardware computes it faster (a CPU with AMX, an AMD CPU with AVX512-BF16, a GPU "
+        "for policies of 500k parameters or more), fp32 elsewhere")
     compile: bool = key(False, "torch.compile each loss function once (needs a C++ compiler; on CUDA, Triton)")
     compile_mode: Annotated[str, OneOf("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")] = key(
         "default",
