@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 from torch import nn
 
-from maze_cli.algorithms.contract import Objective, Step
+from maze_cli.algorithms.contract import Objective, Step, UpdateContext
 from maze_cli.algorithms.optim import Adam
 from maze_cli.distributed import LearnerGroup
 from maze_cli.errors import ConfigError, NonFiniteLoss
@@ -118,7 +118,6 @@ class Learner:
 
     def _take(self, objective: Objective) -> None:
         """Move the objective's modules here, build its optimizers, wrap its loss functions."""
-        objective.learner = self
         for module in objective.modules().values():
             module.to(self.device)
         for name, spec in objective.optimizer_groups().items():
@@ -166,14 +165,22 @@ class Learner:
         if self._first_update_at is None:
             self._first_update_at = time.perf_counter()
         self._schedule_lr()
-        steps = [self._take_step(step) for step in self.objective.steps(batch)]
+        context = self.context()
+        steps = [self._take_step(step) for step in self.objective.steps(batch, context)]
         self.env_steps += self.objective.env_steps(batch) * self.world_size
-        summary = self.objective.summary(batch, steps)
+        summary = self.objective.summary(batch, steps, context)
         self._adapt_lr(summary)
         self.record(summary)
         return summary
 
+    def context(self) -> UpdateContext:
+        """What the objective's next call reads of this learner (`UpdateContext`)."""
+        return UpdateContext(self.device, self.updates, self.env_steps, self.progress_left(),
+                             {name: g.optimizer.param_groups[0]["lr"] for name, g in self.groups.items()},
+                             self.autocast, self.group)
+
     def _take_step(self, step: Step) -> dict[str, Any]:
+        self.timings["forward"] += step.forward_s
         norms = self.step(step.losses, step.samples)
         self.watch({self.groups[name].loss: loss for name, loss in step.losses.items()})
         metrics = dict(step.metrics)
@@ -181,7 +188,7 @@ class Learner:
             metrics["grad_norm" if len(norms) == 1 else f"grad_norm/{name}"] = norm
         if step.ends_update:
             self.updates += 1
-            self.objective.after_update()
+            self.objective.after_update(self.context())
         return metrics
 
     def _schedule_lr(self) -> None:
@@ -309,6 +316,14 @@ class Learner:
             raise NonFiniteLoss("learner/loss (on another learner)", float("nan"))
         if bad is not None:
             raise NonFiniteLoss(f"learner/{bad[0]}", float(bad[1]))
+
+    def record_timings(self, **seconds: float) -> None:
+        """An iteration's timings (`time/<name>`) and this learner's forward and backward seconds in it."""
+        for name, value in seconds.items():
+            self.metrics.add(f"time/{name}", value)
+        timings = self.take_timings()
+        self.metrics.add("time/learner_forward_s", timings["forward"])
+        self.metrics.add("time/learner_backward_s", timings["backward"])
 
     def take_timings(self) -> dict[str, float]:
         """Seconds of forward and backward passes since the last call."""

@@ -135,7 +135,7 @@ def test_the_decoupled_surrogate_clips_the_update_not_the_lag_and_weighs_the_lag
     stats = {}
     for decoupled in (False, True):
         learner, batch = _appo_learner(n_epochs=1, n_minibatches=1, decoupled=decoupled, rho_bar=0.9)
-        targets = learner.objective.targets(batch)
+        targets = learner.objective.targets(batch, learner.context())
         stats[decoupled] = learner.update(batch)
     assert float(stats[False]["approx_kl"]) > 0.01 and float(stats[False]["clip_fraction"]) > 0.1
     assert float(stats[True]["approx_kl"]) == pytest.approx(0.0, abs=1e-7) and float(stats[True]["clip_fraction"]) == 0.0

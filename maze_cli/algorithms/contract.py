@@ -16,6 +16,8 @@ SAC, TD3). The loops own their timings; an algorithm file holds its objective, i
 from __future__ import annotations
 
 import abc
+import contextlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Protocol
 
@@ -23,7 +25,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from maze_cli.learner import Learner
+    from maze_cli.distributed import LearnerGroup
     from maze_cli.stats.aggregator import EpochStatsAggregator
 
 
@@ -53,6 +55,25 @@ class OptimizerGroup:
     adaptive_kl: float | None = None
 
 
+@dataclass(frozen=True)
+class UpdateContext:
+    """What an update reads of the learner that runs it, handed to each call of the objective: an
+    objective holds no learner, and its update is a function of its modules, the batch and this."""
+
+    device: torch.device
+    updates: int  # updates made before this batch's
+    env_steps: int  # env steps every learner consumed before this batch (the schedules' clock)
+    progress_left: float  # 1 at the start of the run's budget, 0 at its end (what annealed settings scale by)
+    lrs: Mapping[str, float]  # each optimizer group's lr for this batch
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext  # forward passes' precision
+    group: "LearnerGroup | None" = None  # the data-parallel learners this one updates with; None: alone
+
+    @property
+    def pool(self) -> Callable | None:
+        """How running statistics (observation normalizer, reward scale) pool every learner's samples; None alone."""
+        return None if self.group is None else self.group.pooled_moments
+
+
 @dataclass
 class Step:
     """One gradient step: a loss per optimizer group (each backpropagated into its own group only).
@@ -61,26 +82,26 @@ class Step:
         between learners (several learners then weight their gradients by it).
     :param ends_update: whether this step ends an update (what `learner/updates` counts and
         `Objective.after_update` follows): SAC's critic step is followed by its actor step, both one update.
+    :param forward_s: seconds of forward passes outside the learner's loss functions before this step
+        (e.g. a batch's targets), counted with the learner's forward time.
     """
 
     losses: dict[str, torch.Tensor]
     metrics: dict[str, torch.Tensor | float] = field(default_factory=dict)
     samples: torch.Tensor | None = None
     ends_update: bool = True
+    forward_s: float = 0.0
 
 
 class Objective(abc.ABC):
-    """An algorithm's update: modules, optimizer groups and the steps of a batch.
-
-    `learner` is set when a `Learner` takes the objective: an objective reads from it what it
-    needs while computing losses (its device, `autocast()`, `progress_left()`, `pool`, `group`).
-    """
+    """An algorithm's update: modules, optimizer groups and the steps of a batch. What an update needs
+    of the learner that runs it comes in as an `UpdateContext`; what it reports goes out in its steps
+    and its summary."""
 
     title: ClassVar[str] = "the loss"  # how logs name this algorithm's loss functions
     # methods the learner runs under autocast and, with learner.compile=true, compiles (shapes fixed by the config)
     compiled: ClassVar[tuple[str, ...]] = ()
     policy: nn.Module
-    learner: "Learner"
 
     def modules(self) -> dict[str, nn.Module]:
         """Every module with state: "policy" (the one actors act with and checkpoints are played with) and the rest."""
@@ -91,17 +112,17 @@ class Objective(abc.ABC):
         """The parameters each optimizer steps (asked once, after the modules moved to the learner's device)."""
 
     @abc.abstractmethod
-    def steps(self, batch: Any) -> Iterator[Step]:
+    def steps(self, batch: Any, context: UpdateContext) -> Iterator[Step]:
         """The gradient steps of one batch; each is taken before the next is asked for."""
 
     def env_steps(self, batch: Any) -> int:
         """The env steps a batch consumes, towards the schedules (0: the batch does not count, as replayed ones)."""
         return 0
 
-    def after_update(self) -> None:
+    def after_update(self, context: UpdateContext) -> None:
         """After each update's last step (target networks follow the online ones here)."""
 
-    def summary(self, batch: Any, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    def summary(self, batch: Any, steps: list[dict[str, Any]], context: UpdateContext) -> dict[str, Any]:
         """The metrics of a batch's update from those of its steps (recorded for the epoch); default: their union."""
         out: dict[str, Any] = {}
         for metrics in steps:
@@ -143,13 +164,3 @@ class Loop(Protocol):
     def updates(self) -> int: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-def record_timings(stats: "EpochStatsAggregator", learner: "Learner", **seconds: float) -> None:
-    """An iteration's timings (`time/<name>`) and the learner's forward and backward seconds in it."""
-    for name, value in seconds.items():
-        stats.add(f"time/{name}", value)
-    timings = learner.take_timings()
-    stats.add("time/learner_forward_s", timings["forward"])
-    stats.add("time/learner_backward_s", timings["backward"])
-

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
-from maze_cli.algorithms.contract import Objective, OptimizerGroup, Step
+from maze_cli.algorithms.contract import Objective, OptimizerGroup, Step, UpdateContext
 from maze_cli.algorithms.replay import check_feed_forward, check_single_agent, replay_run
 from maze_cli.config.fields import Fraction, Gt, Le, NonNegativeFloat, NonNegativeInt, OneOf, PositiveFloat, PositiveInt, key
 from maze_cli.config.schema import register_schema
@@ -201,7 +201,7 @@ class DqnObjective(Objective):
         done = min(1.0, env_steps / hp.epsilon_steps)
         return hp.initial_epsilon + done * (hp.final_epsilon - hp.initial_epsilon)
 
-    def steps(self, batch: SampledBatch) -> Iterator[Step]:
+    def steps(self, batch: SampledBatch, context: UpdateContext) -> Iterator[Step]:
         tr = batch.transitions
         horizon = 1 if tr.horizon is None else tr.horizon.float()
         discount = torch.as_tensor(self.hp.gamma, device=tr.rewards.device) ** horizon
@@ -210,7 +210,7 @@ class DqnObjective(Objective):
         self._td_errors = td
         metrics = {"td_loss": loss.detach(), "q_mean": q_mean}
         if self.policy.exploration == "linear":  # the schedule's float: reading the buffer would wait for a GPU learner
-            metrics["epsilon"] = self.epsilon_at(self.learner.env_steps)
+            metrics["epsilon"] = self.epsilon_at(context.env_steps)
         yield Step({"q": loss}, metrics)
 
     def td_loss(self, observations: Observations, actions: torch.Tensor, rewards: torch.Tensor, next_observations: Observations,
@@ -229,11 +229,11 @@ class DqnObjective(Objective):
         loss = (weights * F.smooth_l1_loss(q, target, reduction="none")).mean()
         return loss, (q - target).detach(), q.detach().mean()
 
-    def after_update(self) -> None:
-        if self.learner.updates % self.hp.target_update_interval == 0:
+    def after_update(self, context: UpdateContext) -> None:
+        if context.updates % self.hp.target_update_interval == 0:
             with torch.no_grad():
                 torch._foreach_lerp_(self.targets, self.online, self.hp.tau)
-        self.policy.epsilon.fill_(self.epsilon_at(self.learner.env_steps))
+        self.policy.epsilon.fill_(self.epsilon_at(context.env_steps))
 
     def priorities(self) -> torch.Tensor | None:
         return self._td_errors

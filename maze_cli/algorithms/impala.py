@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
-from maze_cli.algorithms.contract import Step
+from maze_cli.algorithms.contract import Step, UpdateContext
 from maze_cli.algorithms.on_policy import ActorCriticObjective, OnPolicyLoop, chosen_by_env, normalization, normalized_advantages
 from maze_cli.config.fields import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt, key
 from maze_cli.config.schema import register_schema
@@ -171,19 +171,19 @@ class ImpalaObjective(ActorCriticObjective):
     title = "IMPALA's loss"
     compiled = ("loss",)
 
-    def steps(self, batch: Rollout) -> Iterator[Step]:
+    def steps(self, batch: Rollout, context: UpdateContext) -> Iterator[Step]:
         """One gradient step on a time-major batch."""
-        rewards = self.rewards(batch)
+        rewards = self.rewards(batch, context)
         discounts = self.hp.gamma * (~batch.dones).float()
         # Autoreset steps are no transitions: averages run over the real steps only. Their value
         # targets never reach real steps, since the step before each ended an episode (discount 0).
         real = (~batch.autoreset).float()
         loss, metrics = self.loss(batch.observations, batch.initial_state, batch.episode_start, batch.actions,
                                   batch.behaviour_logp, rewards, discounts, real)
-        yield Step({"policy": loss}, metrics, samples=real.sum() if self.learner.group is not None else None)
+        yield Step({"policy": loss}, metrics, samples=real.sum() if context.group is not None else None)
 
-    def summary(self, batch: Rollout, steps: list[dict[str, Any]]) -> dict[str, Any]:
-        self.observe(batch)
+    def summary(self, batch: Rollout, steps: list[dict[str, Any]], context: UpdateContext) -> dict[str, Any]:
+        self.observe(batch, context)
         return steps[0]
 
     def loss(self, observations: Observations, initial_state: State, episode_start: torch.Tensor, actions: torch.Tensor,

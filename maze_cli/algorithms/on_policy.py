@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import torch
 
-from maze_cli.algorithms.contract import Objective, OptimizerGroup, record_timings
+from maze_cli.algorithms.contract import Objective, OptimizerGroup, UpdateContext
 from maze_cli.learner import Learner
 from maze_cli.normalization import RewardScaler
 from maze_cli.parallel.distributed_actors import DistributedActors
@@ -42,17 +42,17 @@ class ActorCriticObjective(Objective):
     def env_steps(self, batch: Rollout) -> int:
         return batch.rewards.numel()
 
-    def rewards(self, batch: Rollout) -> torch.Tensor:
+    def rewards(self, batch: Rollout, context: UpdateContext) -> torch.Tensor:
         """The batch's rewards, scaled when `normalize_reward` is on, truncated episodes bootstrapped."""
-        rewards = self.reward_scaler(batch, self.learner.pool) if self.reward_scaler else batch.rewards
-        with self.learner.autocast():
+        rewards = self.reward_scaler(batch, context.pool) if self.reward_scaler else batch.rewards
+        with context.autocast():
             return bootstrap_truncated(self.policy, rewards, batch, self.hp.gamma)
 
-    def observe(self, batch: Rollout) -> None:
+    def observe(self, batch: Rollout, context: UpdateContext) -> None:
         """After an update: the observation statistics take in the batch, so that the next policy
         version acts and learns with the same ones."""
         if self.policy.obs_normalizer is not None:
-            self.policy.obs_normalizer.update_from(batch, self.learner.pool)
+            self.policy.obs_normalizer.update_from(batch, context.pool)
 
     def extra_state(self) -> dict[str, Any]:
         return {} if self.reward_scaler is None else {"reward_scaler": self.reward_scaler.state_dict()}
@@ -95,7 +95,7 @@ class OnPolicyLoop:
         t2 = time.perf_counter()
         self.actors.broadcast_updated_policy(self.learner.policy.state_dict())
         self.learner_stats.add("queue_size", queue_before)
-        record_timings(self.learner_stats, self.learner, wait_actors_s=t1 - t0, dequeue_s=dequeue_s, learner_s=t2 - t1,
+        self.learner.record_timings(wait_actors_s=t1 - t0, dequeue_s=dequeue_s, learner_s=t2 - t1,
                        broadcast_s=time.perf_counter() - t2)
         return batch.rewards.numel()
 

@@ -22,7 +22,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
-from maze_cli.algorithms.contract import OptimizerGroup, Step
+from maze_cli.algorithms.contract import OptimizerGroup, Step, UpdateContext
 from maze_cli.algorithms.impala import vtrace
 from maze_cli.algorithms.on_policy import (ActorCriticObjective, OnPolicyLoop, chosen_by_env, gae, masked_mean, normalization,
                                            normalized_advantages, value_forced_steps)
@@ -153,6 +153,11 @@ class Targets:
     skip_forced: bool = False  # the value network skips steps with one legal action (ActorCritic.valued_steps)
 
 
+def _any_learner(context: UpdateContext, flag: bool) -> bool:
+    """Whether `flag` holds on this learner or, with several, on any of them: they stop together or step together."""
+    return flag if context.group is None else context.group.any(flag)
+
+
 class PpoObjective(ActorCriticObjective):
     """PPO's and APPO's update: `n_epochs` x `n_minibatches` clipped-surrogate steps per batch; knows
     nothing of actors or backends.
@@ -173,16 +178,16 @@ class PpoObjective(ActorCriticObjective):
         return groups | {"policy": replace(groups["policy"], adaptive_kl=self.hp.adaptive_lr_kl)}
 
     @torch.no_grad()
-    def targets(self, batch: Rollout) -> Targets:
+    def targets(self, batch: Rollout, context: UpdateContext) -> Targets:
         """Advantages and value targets of the whole batch, under the policy before the update. Where the
         policy skips the value network on forced steps (a turn-based game's passes), their values come
         from their rewards (`value_forced_steps`), and the value loss leaves them out."""
         hp, T = self.hp, batch.n_steps
-        rewards = self.rewards(batch)
+        rewards = self.rewards(batch, context)
         discounts = hp.gamma * (~batch.dones).float()
         real = ~batch.autoreset
         valued = self.policy.valued_steps(batch.observations, batch.initial_state)
-        with self.learner.autocast():
+        with context.autocast():
             out = self.policy(batch.observations, batch.initial_state, batch.episode_start,
                               **({} if valued is None else {"value_forced": False}))
         values_all, trained, value_trained = out.values.float(), real, real
@@ -239,17 +244,17 @@ class PpoObjective(ActorCriticObjective):
         mb["initial_state"] = tuple(s[columns] for s in view["initial_state"])
         return mb
 
-    def steps(self, batch: Rollout) -> Iterator[Step]:
+    def steps(self, batch: Rollout, context: UpdateContext) -> Iterator[Step]:
         """`n_epochs` x `n_minibatches` gradient steps on one batch, fewer where `target_kl` stops them."""
-        hp, learner = self.hp, self.learner
+        hp = self.hp
         t0 = time.perf_counter()
-        targets = self.targets(batch)
+        targets = self.targets(batch, context)
         view = self._view(batch, targets)
         n_columns = view["actions"].shape[1]
         n_minibatches = min(hp.n_minibatches, max(1, n_columns // MIN_SEQUENCES)) if self.policy.is_recurrent else hp.n_minibatches
-        clip = hp.clip_range * learner.progress_left() if hp.anneal_clip else hp.clip_range
-        clip_t = torch.tensor(clip, device=learner.device)  # a tensor: an annealed clip never recompiles the loss
-        learner.timings["forward"] += time.perf_counter() - t0
+        clip = hp.clip_range * context.progress_left if hp.anneal_clip else hp.clip_range
+        clip_t = torch.tensor(clip, device=context.device)  # a tensor: an annealed clip never recompiles the loss
+        targets_s = time.perf_counter() - t0  # counted with the first step's forward time
         self._batch = {"targets": targets, "clip": clip, "stopped": False, "last": None}
         for _ in range(hp.n_epochs):
             for columns in torch.randperm(n_columns, device=view["actions"].device).chunk(n_minibatches):
@@ -260,14 +265,16 @@ class PpoObjective(ActorCriticObjective):
                 self._batch["last"] = metrics
                 # target_kl is the one option that needs a number on the host per minibatch (and,
                 # with several learners, their agreement: they stop together or step together)
-                if hp.target_kl is not None and self._kl_stop(float(metrics["approx_kl"]) > 1.5 * hp.target_kl):
+                if hp.target_kl is not None and _any_learner(context, float(metrics["approx_kl"]) > 1.5 * hp.target_kl):
                     self._batch["stopped"] = True
                     return
-                yield Step({"policy": loss}, metrics, samples=mb["real"].sum() if learner.group is not None else None)
+                yield Step({"policy": loss}, metrics, samples=mb["real"].sum() if context.group is not None else None,
+                           forward_s=targets_s)
+                targets_s = 0.0
 
-    def summary(self, batch: Rollout, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    def summary(self, batch: Rollout, steps: list[dict[str, Any]], context: UpdateContext) -> dict[str, Any]:
         """The minibatches' means, and what the batch's targets say of the value function."""
-        self.observe(batch)
+        self.observe(batch, context)
         targets, stopped = self._batch["targets"], self._batch["stopped"]
         if steps:
             result = {key: torch.stack([m[key] for m in steps]).mean() for key in steps[0]}
@@ -278,14 +285,10 @@ class PpoObjective(ActorCriticObjective):
             "value_mean": masked_mean(targets.old_values, valued),
             "explained_variance": explained_variance(targets.old_values, targets.returns, valued),
         }
-        lr = self.learner.groups["policy"].optimizer.param_groups[0]["lr"]
-        result |= {"gradient_steps": float(len(steps)), "kl_stop": float(stopped), "lr": lr, "clip_range": self._batch["clip"]}
+        result |= {"gradient_steps": float(len(steps)), "kl_stop": float(stopped), "lr": context.lrs["policy"],
+                   "clip_range": self._batch["clip"]}
         self._batch = {}
         return result
-
-    def _kl_stop(self, exceeded: bool) -> bool:
-        group = self.learner.group
-        return exceeded if group is None else group.any(exceeded)
 
     def loss(self, observations: Observations, initial_state: State, episode_start: torch.Tensor, actions: torch.Tensor,
              base_logp: torch.Tensor, weights: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,

@@ -7,7 +7,6 @@ import time
 from typing import Any
 
 from maze_cli.algorithms.base import Components, Run
-from maze_cli.algorithms.contract import record_timings
 from maze_cli.errors import ConfigError
 from maze_cli.learner import Learner
 from maze_cli.parallel.workers_with_buffer import BaseDistributedWorkersWithBuffer, initial_sampling_policy_or_random
@@ -114,7 +113,7 @@ class ReplayLoop:
         if n_updates:
             self.workers.broadcast_updated_policy(self.learner.policy.state_dict())
         self._record(queue_before)
-        record_timings(self.learner_stats, self.learner, wait_actors_s=t1 - t0, sample_s=sample_s, learner_s=learn_s,
+        self.learner.record_timings(wait_actors_s=t1 - t0, sample_s=sample_s, learner_s=learn_s,
                        broadcast_s=time.perf_counter() - t2)
         return self.workers.env_steps - steps_before
 

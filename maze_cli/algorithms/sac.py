@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
-from maze_cli.algorithms.contract import Objective, OptimizerGroup, Step
+from maze_cli.algorithms.contract import Objective, OptimizerGroup, Step, UpdateContext
 from maze_cli.algorithms.replay import check_feed_forward, check_single_agent, replay_run
 from maze_cli.config.fields import Fraction, Gt, Le, NonNegativeInt, PositiveFloat, PositiveInt, key
 from maze_cli.config.schema import register_schema
@@ -252,7 +252,7 @@ class SacObjective(Objective):
     def alpha(self) -> float:
         return float(self.log_alpha.exp())
 
-    def steps(self, batch: SampledBatch) -> Iterator[Step]:
+    def steps(self, batch: SampledBatch, context: UpdateContext) -> Iterator[Step]:
         """One update: a gradient step of the critics, then one of actor and alpha."""
         tr, w = batch.transitions, batch.weights
         alpha = self.log_alpha.exp().detach()
@@ -265,7 +265,7 @@ class SacObjective(Objective):
         self._td_errors = (td1.abs() + td2.abs()) / 2
         yield Step({"policy": policy_loss, "alpha": alpha_loss}, metrics)
 
-    def after_update(self) -> None:
+    def after_update(self, context: UpdateContext) -> None:
         with torch.no_grad():  # Polyak averaging of the target critics
             torch._foreach_lerp_(self.critic_target_params, self.critic_params, self.hp.tau)
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
-from maze_cli.algorithms.contract import Objective, OptimizerGroup, Step
+from maze_cli.algorithms.contract import Objective, OptimizerGroup, Step, UpdateContext
 from maze_cli.algorithms.replay import check_feed_forward, check_single_agent, replay_run
 from maze_cli.algorithms.sac import TwinCritic
 from maze_cli.config.fields import Fraction, Gt, Le, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, key
@@ -152,17 +152,13 @@ class Td3Objective(Objective):
         return {"critic": OptimizerGroup(list(self.critic.parameters()), self.hp.lr, "critic_loss"),
                 "policy": OptimizerGroup(list(self.policy.parameters()), self.hp.lr, "policy_loss")}
 
-    def _actor_turn(self) -> bool:
-        """Whether the update under way steps the actor too (the learner's count of updates is restored on resume)."""
-        return (self.learner.updates + 1) % self.hp.policy_delay == 0
-
-    def steps(self, batch: SampledBatch) -> Iterator[Step]:
+    def steps(self, batch: SampledBatch, context: UpdateContext) -> Iterator[Step]:
         tr = batch.transitions
         critic_loss, td1, td2, q_mean = self.critic_loss(tr.observations, tr.actions, tr.rewards, tr.next_observations,
                                                          tr.terminated, batch.weights)
         self._td_errors = (td1.abs() + td2.abs()) / 2
         metrics = {"critic_loss": critic_loss.detach(), "q_mean": q_mean}
-        if not self._actor_turn():
+        if (context.updates + 1) % self.hp.policy_delay != 0:  # this update steps the critics alone
             yield Step({"critic": critic_loss}, metrics)
             return
         yield Step({"critic": critic_loss}, metrics, ends_update=False)
@@ -195,8 +191,8 @@ class Td3Objective(Objective):
         q1, _ = self.critic(observations, self.policy.mu(observations))
         return -q1.float().mean()
 
-    def after_update(self) -> None:
-        if self.learner.updates % self.hp.policy_delay == 0:  # the update that stepped the actor
+    def after_update(self, context: UpdateContext) -> None:
+        if context.updates % self.hp.policy_delay == 0:  # the update that stepped the actor
             with torch.no_grad():
                 torch._foreach_lerp_(self.targets, self.online, self.hp.tau)
 
