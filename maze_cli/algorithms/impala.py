@@ -15,10 +15,11 @@ import torch
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
 from maze_cli.algorithms.contract import Step, UpdateContext
-from maze_cli.algorithms.on_policy import ActorCriticObjective, OnPolicyLoop, chosen_by_env, normalization, normalized_advantages
+from maze_cli.algorithms.on_policy import ActorCriticObjective, chosen_by_env, normalization, normalized_advantages
 from maze_cli.config.fields import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt, key
 from maze_cli.config.schema import register_schema
 from maze_cli.learner import Learner
+from maze_cli.loops import OnPolicyLoop
 from maze_cli.policies.actor_critic import ActorCritic
 from maze_cli.policies.base import Observations, State
 from maze_cli.policies.groups import grouped_policy

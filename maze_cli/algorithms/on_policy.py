@@ -1,9 +1,8 @@
-"""What the actor-critic algorithms (IMPALA, PPO, APPO) share: the loop over the actors, returns
-with truncated episodes bootstrapped, GAE, averages over real steps, and the normalization options."""
+"""What the actor-critic algorithms (IMPALA, PPO, APPO) share: their objective's optimizer group,
+reward scaling and observation statistics, averages over real steps, and the normalization options."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -11,9 +10,7 @@ import gymnasium as gym
 import torch
 
 from maze_cli.algorithms.contract import Objective, OptimizerGroup, UpdateContext
-from maze_cli.learner import Learner
 from maze_cli.normalization import RewardScaler
-from maze_cli.parallel.distributed_actors import DistributedActors
 from maze_cli.policies.actor_critic import ActorCritic
 from maze_cli.records import Rollout
 
@@ -63,41 +60,6 @@ class ActorCriticObjective(Objective):
     def load_normalizer_state(self, state: dict[str, Any]) -> None:
         if self.reward_scaler is not None and "reward_scaler" in state:
             self.reward_scaler.load_state_dict(state["reward_scaler"])
-
-
-class OnPolicyLoop:
-    """One iteration: take a batch of rollouts from the actors, update, broadcast.
-
-    The actors decide which rollouts make a batch: as they come (IMPALA), none older than
-    `max_policy_lag` versions (APPO), or only the current version (PPO, `on_policy=True`)."""
-
-    def __init__(self, actors: DistributedActors, learner: Learner):
-        self.actors = actors
-        self.learner = learner
-        self.actor_stats = actors.get_epoch_stats_aggregator()
-        self.learner_stats = learner.metrics  # the learner's metrics (tensors until read) and this loop's timings
-
-    def updates(self) -> int:
-        return self.learner.updates
-
-    def state_dict(self) -> dict:
-        return {}  # everything it carries is the learner's
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-    def iteration(self) -> int:
-        t0 = time.perf_counter()
-        batch, queue_before, _, dequeue_s = self.actors.collect_outputs(self.learner.device)
-        t1 = time.perf_counter()
-        self.learner.update(batch)
-        self.learner.check_finite()
-        t2 = time.perf_counter()
-        self.actors.broadcast_updated_policy(self.learner.policy.state_dict())
-        self.learner_stats.add("queue_size", queue_before)
-        self.learner.record_timings(wait_actors_s=t1 - t0, dequeue_s=dequeue_s, learner_s=t2 - t1,
-                       broadcast_s=time.perf_counter() - t2)
-        return batch.rewards.numel()
 
 
 def continuous(action_space: gym.Space) -> bool:

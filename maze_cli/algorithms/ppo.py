@@ -24,11 +24,12 @@ import torch
 from maze_cli.algorithms.base import Algorithm, Components, Run
 from maze_cli.algorithms.contract import OptimizerGroup, Step, UpdateContext
 from maze_cli.algorithms.impala import vtrace
-from maze_cli.algorithms.on_policy import (ActorCriticObjective, OnPolicyLoop, chosen_by_env, gae, masked_mean, normalization,
+from maze_cli.algorithms.on_policy import (ActorCriticObjective, chosen_by_env, gae, masked_mean, normalization,
                                            normalized_advantages, value_forced_steps)
 from maze_cli.config.fields import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, key
 from maze_cli.config.schema import register_schema
 from maze_cli.learner import Learner
+from maze_cli.loops import OnPolicyLoop
 from maze_cli.policies.actor_critic import ActorCritic, shares_network
 from maze_cli.policies.base import Observations, State
 from maze_cli.policies.groups import grouped_policy
