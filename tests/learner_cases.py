@@ -90,7 +90,7 @@ def _actor_critic_case(algorithm: str, spaces, core: str = "identity", shared: b
         from maze_cli.algorithms.ppo import Appo, Ppo, PpoObjective
 
         config = Appo(**hp) if algorithm == "appo" else Ppo(**hp)
-        objective = PpoObjective(policy, config, normalize, vtrace_targets=algorithm == "appo")
+        objective = PpoObjective(policy, config, normalize)
         learner = Learner(objective, "cpu", max_env_steps=10_000, **(options or {}))
     state_specs = tuple(_state_spec(s) for s in policy.initial_state(1))
     return learner, rollout(spaces, state_specs), {"policy": learner.policy}

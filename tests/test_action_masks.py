@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from maze_cli.algorithms.dqn import DqnPolicy
-from maze_cli.algorithms.impala import vtrace
-from maze_cli.algorithms.on_policy import gae, value_forced_steps
+from maze_cli.algorithms.returns import gae, value_forced_steps, vtrace
 from maze_cli.algorithms.sac import SacPolicy
 from maze_cli.envs.action_mask import LegalActionCheck, VectorLegalActionCheck, apply_mask, find_mask_key
 from maze_cli.envs.factory import EnvFactory

@@ -10,7 +10,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from maze_cli.algorithms.on_policy import gae
+from maze_cli.algorithms.returns import gae
 from maze_cli.algorithms.ppo import clipped_surrogate, value_loss
 from maze_cli.checkpoint import load_policy
 from maze_cli.envs import EnvFactory
@@ -53,7 +53,7 @@ def test_gae_lambda_one_is_the_discounted_return_minus_v_and_lambda_zero_the_td_
 def test_a_truncated_episode_is_bootstrapped_from_its_final_observation_not_the_next_episode():
     """The learner adds gamma * V(final observation) to the reward of a truncated step and cuts the
     discount there; GAE then sees r + gamma V(final) - V(x_t), whatever follows in the batch."""
-    from maze_cli.algorithms.on_policy import bootstrap_truncated
+    from maze_cli.algorithms.returns import bootstrap_truncated
     from maze_cli.policies import ActorCritic, mlp_network
     from maze_cli.records import RolloutSpec
     from maze_cli.envs.spaces import action_spec, observation_specs
@@ -101,8 +101,8 @@ def test_what_a_masked_step_holds_never_reaches_the_update(algorithm):
         if poison:
             batch.behaviour_logp[batch.autoreset] = -float("inf")
         policy = ActorCritic(*learner_cases.CARTPOLE, mlp_network((8,)))
-        hp = Ppo(n_epochs=1, n_minibatches=1) if algorithm == "ppo" else Appo(n_epochs=1, n_minibatches=1, **_decoupled(algorithm))
-        learner = Learner(PpoObjective(policy, hp, vtrace_targets=algorithm != "ppo"))
+        hp = Ppo(n_epochs=1, n_minibatches=1) if algorithm == "ppo" else Appo(n_epochs=1, n_minibatches=1)
+        learner = Learner(PpoObjective(policy, hp, decoupled=algorithm.endswith("-decoupled")))
         metrics = learner.update(batch)
         return metrics, policy.state_dict()
 
@@ -113,10 +113,6 @@ def test_what_a_masked_step_holds_never_reaches_the_update(algorithm):
         torch.testing.assert_close(poisoned_weights[name], weight, msg=name)
 
 
-def _decoupled(algorithm: str) -> dict:
-    return {"decoupled": algorithm.endswith("decoupled")} if "-" in algorithm else {}
-
-
 def _appo_learner(**hp):
     from maze_cli.algorithms.ppo import Appo, PpoObjective
     from maze_cli.learner import Learner
@@ -125,7 +121,8 @@ def _appo_learner(**hp):
 
     torch.manual_seed(0)
     policy = ActorCritic(*learner_cases.CARTPOLE, mlp_network((8,)))
-    return Learner(PpoObjective(policy, Appo(**hp), vtrace_targets=True)), learner_cases.rollout(learner_cases.CARTPOLE)
+    decoupled = hp.pop("decoupled", False)
+    return Learner(PpoObjective(policy, Appo(**hp), decoupled=decoupled)), learner_cases.rollout(learner_cases.CARTPOLE)
 
 
 def test_the_decoupled_surrogate_clips_the_update_not_the_lag_and_weighs_the_lag_by_clipped_rho():

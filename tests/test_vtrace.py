@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from maze_cli.algorithms.impala import vtrace
+from maze_cli.algorithms.returns import vtrace
 
 
 def col(*xs):
@@ -77,7 +77,7 @@ def test_recursion_matches_the_sum_definition_off_policy():
 
 def test_on_policy_with_lambda_the_targets_are_gae():
     """c_i = lambda min(c_bar, rho): on-policy, v_s - V(x_s) is GAE(lambda)'s advantage (and lambda 1, the n-step return)."""
-    from maze_cli.algorithms.on_policy import gae
+    from maze_cli.algorithms.returns import gae
 
     torch.manual_seed(0)
     rewards, values, discounts = torch.randn(6, 3, dtype=torch.float64), torch.randn(6, 3, dtype=torch.float64), torch.full((6, 3), 0.9, dtype=torch.float64)

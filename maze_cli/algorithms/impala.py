@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-import numpy as np
 import torch
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
 from maze_cli.algorithms.contract import Step, UpdateContext
 from maze_cli.algorithms.on_policy import ActorCriticObjective, chosen_by_env, normalization, normalized_advantages
+from maze_cli.algorithms.returns import vtrace
 from maze_cli.config.fields import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt, key
 from maze_cli.config.schema import register_schema
 from maze_cli.learner import Learner
@@ -76,74 +76,6 @@ class ImpalaConfig:
 
 
 register_schema("algorithm", "impala", ImpalaConfig)
-
-
-@dataclass(frozen=True)
-class VTraceReturns:
-    vs: torch.Tensor  # value targets v_s, [T, B]
-    pg_advantages: torch.Tensor  # rho_s (r_s + gamma_s v_{s+1} - V(x_s)), [T, B]
-    clipped_rhos: torch.Tensor  # min(rho_bar, pi/mu), [T, B]
-
-
-@torch.no_grad()
-def vtrace(
-    behaviour_logp: torch.Tensor,
-    target_logp: torch.Tensor,
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    bootstrap_value: torch.Tensor,
-    discounts: torch.Tensor,
-    rho_bar: float = 1.0,
-    c_bar: float = 1.0,
-    pg_rho_bar: float | None = None,
-    lam: float = 1.0,
-) -> VTraceReturns:
-    """V-trace targets, eq. (1) of the paper, computed backwards in time.
-
-    With rho_t = min(rho_bar, pi(a_t|x_t) / mu(a_t|x_t)) and c_i = min(c_bar, pi(a_i|x_i) / mu(a_i|x_i)):
-
-        delta_t V = rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t))
-        v_s       = V(x_s) + sum_{t=s}^{s+n-1} (prod_{k=s}^{t-1} gamma_k) (prod_{i=s}^{t-1} c_i) delta_t V
-
-    evaluated by the recursion v_s - V(x_s) = delta_s V + gamma_s c_s (v_{s+1} - V(x_{s+1})).
-    `discounts[t]` is gamma_t: gamma, or 0 where the episode ended after step t. Inputs are `[T, B]`
-    except `bootstrap_value` (V(x_T), `[B]`). The policy-gradient advantage (section 4.2) uses
-    v_{s+1} and its own clip `pg_rho_bar` (rho_bar by default). `lam` scales the traces,
-    c_i = lam min(c_bar, pi/mu) (the paper's remark 2): on-policy, v_s - V(x_s) is then GAE(lam)'s advantage.
-    """
-    rhos = torch.exp(target_logp - behaviour_logp)
-    clipped_rhos = rhos.clamp(max=rho_bar)
-    cs = lam * rhos.clamp(max=c_bar)
-    values_tp1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
-    deltas = clipped_rhos * (rewards + discounts * values_tp1 - values)
-
-    vs = values + _discounted_backwards(deltas, discounts * cs)
-
-    vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
-    pg_rhos = rhos.clamp(max=rho_bar if pg_rho_bar is None else pg_rho_bar)
-    pg_advantages = pg_rhos * (rewards + discounts * vs_tp1 - values)
-    return VTraceReturns(vs=vs, pg_advantages=pg_advantages, clipped_rhos=clipped_rhos)
-
-
-def _discounted_backwards(deltas: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
-    """acc_t = deltas_t + factors_t acc_{t+1} (acc_T = 0) over the time axis of `[T, B]` tensors.
-
-    On a CPU the T steps run on numpy views of the same memory: a torch op costs microseconds of
-    dispatch, and for a batch of a few hundred envs that, not the arithmetic, was the recursion's time.
-    A compiled loss keeps the torch loop, which the compiler fuses."""
-    out = torch.empty_like(deltas)
-    if deltas.device.type == "cpu" and deltas.dtype == torch.float32 and not torch.compiler.is_compiling():
-        d, f, o = deltas.contiguous().numpy(), factors.contiguous().numpy(), out.numpy()
-        acc = np.zeros_like(d[0])
-        for t in range(d.shape[0] - 1, -1, -1):
-            acc = d[t] + f[t] * acc
-            o[t] = acc
-        return out
-    acc = torch.zeros_like(deltas[0])
-    for t in range(deltas.shape[0] - 1, -1, -1):
-        acc = deltas[t] + factors[t] * acc
-        out[t] = acc
-    return out
 
 
 @dataclass

@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Optional
+from typing import Annotated, Any, Iterator, Optional
 
 import torch
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
 from maze_cli.algorithms.contract import OptimizerGroup, Step, UpdateContext
-from maze_cli.algorithms.impala import vtrace
-from maze_cli.algorithms.on_policy import (ActorCriticObjective, chosen_by_env, gae, masked_mean, normalization,
-                                           normalized_advantages, value_forced_steps)
-from maze_cli.config.fields import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, key
+from maze_cli.algorithms.on_policy import ActorCriticObjective, chosen_by_env, masked_mean, normalization, normalized_advantages
+from maze_cli.algorithms.returns import gae, value_forced_steps, vtrace
+from maze_cli.config.fields import Fraction, NonNegativeFloat, NonNegativeInt, OneOf, PositiveFloat, PositiveInt, key
 from maze_cli.config.schema import register_schema
 from maze_cli.learner import Learner
 from maze_cli.loops import OnPolicyLoop
@@ -43,7 +42,12 @@ class PpoConfig:
     _target_: str = "maze_cli.algorithms.ppo.Ppo"
     lr: PositiveFloat = key(3e-4, "Adam's learning rate")
     gamma: Fraction = key(0.99, "discount")
+    returns: Annotated[str, OneOf("gae", "vtrace")] = key(
+        "gae", "the value targets and advantages: gae (GAE, gae_lambda) for batches of the current policy version, or "
+               "vtrace (V-trace, rho_bar and c_bar) for rollouts of older ones")
     gae_lambda: Fraction = key(0.95, "GAE's lambda (0: one-step TD error, 1: Monte Carlo)")
+    rho_bar: PositiveFloat = key(1.0, "returns=vtrace: V-trace's clip of the importance ratio in the value targets")
+    c_bar: PositiveFloat = key(1.0, "returns=vtrace: V-trace's clip of the trace coefficients")
     n_rollout_steps: PositiveInt = key(64, "steps per rollout (T)")
     n_epochs: PositiveInt = key(4, "passes over each batch")
     n_minibatches: PositiveInt = key(4,
@@ -103,9 +107,8 @@ class AppoConfig(PpoConfig):
                                          "observations by a running mean/std; null: on (several agents: for Box "
                                          "actions only)")
     normalize_reward: Optional[bool] = key(None, "rewards by the return's std; null: on where a single agent acts")
+    returns: Annotated[str, OneOf("gae", "vtrace")] = key("vtrace")
     max_policy_lag: NonNegativeInt = key(8, "rollouts older than this many policy versions are dropped")
-    rho_bar: PositiveFloat = key(1.0, "V-trace's clip of the importance ratio in the value targets")
-    c_bar: PositiveFloat = key(1.0, "V-trace's clip of the trace coefficients")
     decoupled: bool = key(False,
                            "true: the surrogate's ratio against the policy as the batch's update began, each step "
                            "weighted by V-trace's clipped rho for the lag behind it (a decoupled objective, Hilton "
@@ -163,15 +166,16 @@ class PpoObjective(ActorCriticObjective):
     """PPO's and APPO's update: `n_epochs` x `n_minibatches` clipped-surrogate steps per batch; knows
     nothing of actors or backends.
 
-    :param vtrace_targets: APPO's V-trace targets (else GAE).
+    :param decoupled: the surrogate's ratio against the policy as the batch's update began, each step
+        weighted by the clipped lag (`AppoConfig.decoupled`).
     """
 
     title = "PPO's loss"
     compiled = ("loss",)
 
-    def __init__(self, policy: ActorCritic, hp: PpoConfig, normalize_reward: bool = False, vtrace_targets: bool = False):
+    def __init__(self, policy: ActorCritic, hp: PpoConfig, normalize_reward: bool = False, decoupled: bool = False):
         super().__init__(policy, hp, normalize_reward)
-        self.vtrace_targets = vtrace_targets
+        self.decoupled = decoupled
         self._batch: dict[str, Any] = {}  # what the summary of the batch being updated needs
 
     def optimizer_groups(self) -> dict[str, OptimizerGroup]:
@@ -199,19 +203,20 @@ class PpoObjective(ActorCriticObjective):
             value_trained = trained & valued[:T]
         values, bootstrap_value = values_all[:T], values_all[T]
         base_logp, weights = batch.behaviour_logp, torch.ones_like(values)
-        if not self.vtrace_targets:
+        if hp.returns == "vtrace" or self.decoupled:  # the policy as the update begins: pi, where the batch has mu
+            proximal_logp = self.policy.distribution.log_prob(out.params[:T].float(), batch.actions)
+        if hp.returns == "gae":
             advantages = gae(rewards, values, bootstrap_value, discounts, hp.gae_lambda)
             returns = advantages + values
         else:
-            proximal_logp = self.policy.distribution.log_prob(out.params[:T].float(), batch.actions)
             returns = vtrace(batch.behaviour_logp, proximal_logp, rewards, values, bootstrap_value, discounts, hp.rho_bar,
                              hp.c_bar).vs
             advantages = rewards + discounts * torch.cat([returns[1:], bootstrap_value.unsqueeze(0)]) - values
+        if self.decoupled:
             # Against the behaviour policy the surrogate's ratio already weighs by pi/mu; decoupled, the clipped
             # rho does (finite where a step is not trained and its behaviour log-prob may be -inf)
-            if hp.decoupled:
-                lag = torch.where(trained, proximal_logp - batch.behaviour_logp, torch.zeros_like(proximal_logp))
-                base_logp, weights = proximal_logp, lag.exp().clamp(max=hp.rho_bar)
+            lag = torch.where(trained, proximal_logp - batch.behaviour_logp, torch.zeros_like(proximal_logp))
+            base_logp, weights = proximal_logp, lag.exp().clamp(max=hp.rho_bar)
         return Targets(advantages, returns, values, trained, value_trained, base_logp, weights, valued is not None)
 
     def _view(self, batch: Rollout, targets: Targets) -> dict:
@@ -353,7 +358,7 @@ class Ppo(PpoConfig, Algorithm):
         kwargs = {"network": parts.network, "shared_network": self.shared_network, "normalize_obs": normalize_obs,
                   "normalize_images": self.normalize_images, "action_mask_key": parts.action_mask_key}
         policy, blueprint = grouped_policy(ActorCritic, parts, kwargs, {"log_std_init": self.log_std_init})
-        objective = PpoObjective(policy, self, normalize_reward, vtrace_targets=isinstance(self, Appo))
+        objective = PpoObjective(policy, self, normalize_reward, decoupled=actor_options.pop("decoupled", False))
         learner = Learner(objective, parts.device, **parts.learner)
         actors = parts.make_actors(policy=learner.policy, n_rollout_steps=self.n_rollout_steps, **actor_options)
         shared_network = shares_network(self.shared_network, policy.is_recurrent)
@@ -372,4 +377,4 @@ class Appo(AppoConfig, Ppo):
     normalizes_every_env = True
 
     def build(self, parts: Components) -> Run:
-        return self._build(parts, max_policy_lag=self.max_policy_lag)
+        return self._build(parts, max_policy_lag=self.max_policy_lag, decoupled=self.decoupled)

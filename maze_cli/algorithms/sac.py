@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
+from maze_cli.algorithms.critics import TwinCritic
 from maze_cli.algorithms.contract import Objective, OptimizerGroup, Step, UpdateContext
 from maze_cli.algorithms.replay import check_feed_forward, check_single_agent, replay_run
 from maze_cli.config.fields import Fraction, Gt, Le, NonNegativeInt, PositiveFloat, PositiveInt, key
@@ -33,7 +34,6 @@ from maze_cli.policies.mlp import linear, mlp_network
 from maze_cli.policies.network import build_network
 
 _LOG_STD_MIN, _LOG_STD_MAX = -5.0, 2.0
-ACTION_KEY = "_action"  # the action's key among a Box-action critic's inputs
 
 
 @dataclass
@@ -146,33 +146,6 @@ class SacPolicy(Policy):
         log_probs = F.log_softmax(self.masked(out, observations), dim=-1)
         actions = log_probs.argmax(-1) if deterministic else torch.multinomial(log_probs.exp(), 1).squeeze(-1)
         return actions, log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1), state
-
-
-def critic_space(observation_space: gym.Space, action_space: gym.Space) -> gym.Space:
-    """What a critic sees: the observation, plus the action as one more key for Box actions."""
-    if isinstance(action_space, gym.spaces.Discrete):
-        return observation_space
-    keys = dict(observation_space.spaces) if isinstance(observation_space, gym.spaces.Dict) else {"obs": observation_space}
-    return gym.spaces.Dict({**keys, ACTION_KEY: action_space})
-
-
-class TwinCritic(nn.Module):
-    """Q1 and Q2, each a policy network of the same config: of (s, a) for Box actions (the action one
-    more input key), or of s for every Discrete action at once."""
-
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, network: dict):
-        super().__init__()
-        self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        space = critic_space(observation_space, action_space)
-        n_out = int(action_space.n) if self.discrete else 1
-        self.nets = nn.ModuleList(build_network(network, space) for _ in range(2))
-        self.heads = nn.ModuleList(linear(net.out_dim, n_out, 1.0) for net in self.nets)
-
-    def forward(self, observations: Observations, actions: torch.Tensor | None = None):
-        if not self.discrete:
-            observations = {**observations, ACTION_KEY: actions}
-        q1, q2 = (head(net(observations, (), None)[0]) for net, head in zip(self.nets, self.heads))
-        return (q1, q2) if self.discrete else (q1.squeeze(-1), q2.squeeze(-1))
 
 
 @dataclass
