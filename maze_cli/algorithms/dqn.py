@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Annotated, Any, Iterator
+from typing import Annotated, Iterator
 
 import gymnasium as gym
 import torch
@@ -23,8 +23,8 @@ from torch import nn
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
 from maze_cli.algorithms.contract import Objective, OptimizerGroup, Step, UpdateContext
-from maze_cli.algorithms.replay import check_feed_forward, check_single_agent, replay_run
-from maze_cli.config.fields import Fraction, Gt, Le, NonNegativeFloat, NonNegativeInt, OneOf, PositiveFloat, PositiveInt, key
+from maze_cli.algorithms.replay import ReplayConfig, check_feed_forward, check_single_agent, replay_run
+from maze_cli.config.fields import Fraction, Gt, Le, NonNegativeFloat, OneOf, PositiveFloat, PositiveInt, key
 from maze_cli.config.schema import register_schema
 from maze_cli.errors import ConfigError
 from maze_cli.learner import Learner
@@ -35,12 +35,11 @@ from maze_cli.policies.mlp import linear, mlp_network
 from maze_cli.policies.network import build_network
 
 @dataclass
-class DqnConfig:
+class DqnConfig(ReplayConfig):
     """DQN (Mnih et al. 2015) with double Q, dueling heads, n-step returns and Ape-X exploration; Discrete actions."""
 
     _target_: str = "maze_cli.algorithms.dqn.Dqn"
     lr: PositiveFloat = key(5e-4, "Adam's learning rate")
-    gamma: Fraction = key(0.99, "discount")
     double_q: bool = key(True,
                           "the online network picks the next action, the target network values it (van Hasselt et "
                           "al. 2016)")
@@ -63,14 +62,8 @@ class DqnConfig:
     apex_epsilon: Annotated[float, Gt(0), Le(1)] = key(0.4, "exploration=apex: the base epsilon")
     apex_alpha: NonNegativeFloat = key(7.0, "... and its exponent's spread over the envs")
     n_rollout_steps: PositiveInt = key(16, "steps per worker rollout (n-step windows end with it)")
-    rollouts_per_iteration: PositiveInt = key(1, "rollouts moved into the replay buffer per learner iteration")
-    batch_size: PositiveInt = key(128, "transitions per gradient update")
-    replay_ratio: PositiveFloat = key(0.25, "gradient updates per collected transition")
-    initial_buffer_size: NonNegativeInt = key(1000,
-                                               "transitions collected by the initial sampling policy before learning")
-    initial_sampling_policy: Any = key(None,
-                                        "null or random: uniform random actions; a checkpoint path; or a mapping "
-                                        "with _target_ (as for SAC)")
+    batch_size: PositiveInt = key(128)
+    replay_ratio: PositiveFloat = key(0.25)
 
 
 register_schema("algorithm", "dqn", DqnConfig)

@@ -8,13 +8,13 @@ they arrive instead of waiting for on-policy data.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
 import torch
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
 from maze_cli.algorithms.contract import Step, UpdateContext
-from maze_cli.algorithms.on_policy import ActorCriticObjective, chosen_by_env, normalization, normalized_advantages
+from maze_cli.algorithms.on_policy import ActorCriticConfig, ActorCriticObjective, chosen_by_env, normalization, normalized_advantages
 from maze_cli.algorithms.returns import vtrace
 from maze_cli.config.fields import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt, key
 from maze_cli.config.schema import register_schema
@@ -27,52 +27,20 @@ from maze_cli.records import Rollout
 
 
 @dataclass
-class ImpalaConfig:
+class ImpalaConfig(ActorCriticConfig):
     """IMPALA with V-trace (Espeholt et al. 2018)."""
 
     _target_: str = "maze_cli.algorithms.impala.Impala"
-    lr: PositiveFloat = key(1e-3, "Adam's learning rate")
-    gamma: Fraction = key(0.99, "discount")
-    n_rollout_steps: PositiveInt = key(32, "steps per rollout (T)")
+    lr: PositiveFloat = key(1e-3)
+    n_rollout_steps: PositiveInt = key(32)
     rho_bar: PositiveFloat = key(1.0, "V-trace's clip of the importance weights")
     c_bar: PositiveFloat = key(1.0, "V-trace's clip of the trace coefficients")
     vtrace_lambda: Fraction = key(1.0,
                                    "V-trace's traces scaled by this (c_i = lambda min(c_bar, pi/mu)): below 1 the "
                                    "value targets lean more on the critic and less on the rollout's far rewards "
                                    "(lower variance, more bias), as GAE's lambda does for PPO")
-    value_coef: NonNegativeFloat = key(0.5, "weight of the value loss")
-    entropy_coef: NonNegativeFloat = key(0.01, "weight of the entropy bonus")
-    normalize_advantage: bool = key(True,
-                                     "the batch's V-trace advantages to mean 0, std 1, so that the entropy bonus "
-                                     "weighs the same on any reward scale")
-    max_grad_norm: PositiveFloat = key(0.5, "gradient clipping by global norm")
-    clip_per_network: bool = key(False,
-                                  "with a value network of its own (shared_network=false), its gradient norm and the "
-                                  "policy network's each clipped to max_grad_norm: where returns run to hundreds, the "
-                                  "value loss's gradient is far above the clip and, clipped together, shrinks the "
-                                  "policy's step with it")
-    anneal_lr: bool = key(False,
-                           "lr falls linearly to 0 over the budget: max_env_steps, or max_time_s where that ends "
-                           "first")
-    adam_eps: PositiveFloat = key(1e-5, "Adam's epsilon")
+    entropy_coef: NonNegativeFloat = key(0.01)
     shared_network: bool = key(False, "one policy network for the action and value heads (true) or one each")
-    normalize_obs: Optional[bool] = key(None,
-                                         "vector observations normalized by a running mean/std (updated by the "
-                                         "learner from every actor's data, frozen in evaluation, saved in "
-                                         "checkpoints, used by rollout); null: on for continuous (Box) actions")
-    normalize_reward: Optional[bool] = key(None,
-                                            "rewards divided by the running std of the discounted return (followed "
-                                            "per env across rollouts), clipped at 10; null: on for continuous (Box) "
-                                            "actions of a single-agent env")
-    normalize_images: bool = key(False,
-                                  "image observations normalized too, each pixel by its own running mean/std (Sample "
-                                  "Factory's normalize_input): the static background of a game's frames becomes 0, "
-                                  "and what moves stands out")
-    log_std_init: float = key(0.0,
-                               "Box actions: the Gaussian's log std at the start, a parameter of its own (not a "
-                               "function of the state), in units of the action's half range (the Gaussian is centred "
-                               "in the Box's bounds and scaled to them); below 0 the policy explores less at first "
-                               "(SB3's MuJoCo settings start at -2)")
 
 
 register_schema("algorithm", "impala", ImpalaConfig)

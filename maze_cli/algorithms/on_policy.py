@@ -3,13 +3,15 @@ reward scaling and observation statistics, averages over real steps, and the nor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
 
 import gymnasium as gym
 import torch
 
 from maze_cli.algorithms.contract import Objective, OptimizerGroup, UpdateContext
 from maze_cli.algorithms.returns import bootstrap_truncated
+from maze_cli.config.fields import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt, key
 from maze_cli.normalization import RewardScaler
 from maze_cli.policies.actor_critic import ActorCritic
 from maze_cli.records import Rollout
@@ -18,13 +20,56 @@ if TYPE_CHECKING:
     from maze_cli.algorithms.base import Components
 
 
+@dataclass
+class ActorCriticConfig:
+    """The keys every actor-critic algorithm (IMPALA, PPO, APPO) takes; each algorithm's config adds its own
+    and may change a default."""
+
+    _target_: str = ""
+    lr: PositiveFloat = key(3e-4, "Adam's learning rate")
+    gamma: Fraction = key(0.99, "discount")
+    n_rollout_steps: PositiveInt = key(64, "steps per rollout (T)")
+    value_coef: NonNegativeFloat = key(0.5, "weight of the value loss")
+    entropy_coef: NonNegativeFloat = key(0.0, "weight of the entropy bonus")
+    normalize_advantage: bool = key(True,
+                                     "advantages to mean 0, std 1 (IMPALA: over the batch; PPO: per minibatch), so "
+                                     "that the entropy bonus weighs the same on any reward scale")
+    max_grad_norm: PositiveFloat = key(0.5, "gradient clipping by global norm")
+    clip_per_network: bool = key(False,
+                                  "with a value network of its own (shared_network=false), its gradient norm and the "
+                                  "policy network's each clipped to max_grad_norm: where returns run to hundreds, the "
+                                  "value loss's gradient is far above the clip and, clipped together, shrinks the "
+                                  "policy's step with it")
+    anneal_lr: bool = key(False,
+                           "lr falls linearly to 0 over the budget: max_env_steps, or max_time_s where that ends "
+                           "first")
+    adam_eps: PositiveFloat = key(1e-5, "Adam's epsilon")
+    normalize_obs: Optional[bool] = key(None,
+                                         "vector observations normalized by a running mean/std (updated by the "
+                                         "learner from every actor's data, frozen in evaluation, saved in "
+                                         "checkpoints, used by rollout); null: on for continuous (Box) actions")
+    normalize_reward: Optional[bool] = key(None,
+                                            "rewards divided by the running std of the discounted return (followed "
+                                            "per env across rollouts), clipped at 10; null: on for continuous (Box) "
+                                            "actions of a single-agent env")
+    normalize_images: bool = key(False,
+                                  "image observations normalized too, each pixel by its own running mean/std (Sample "
+                                  "Factory's normalize_input): the static background of a game's frames becomes 0, "
+                                  "and what moves stands out")
+    log_std_init: float = key(0.0,
+                               "Box actions: the Gaussian's log std at the start, a parameter of its own (not a "
+                               "function of the state), in units of the action's half range (the Gaussian is centred "
+                               "in the Box's bounds and scaled to them); below 0 the policy explores less at first "
+                               "(SB3's MuJoCo settings start at -2)")
+
+
 class ActorCriticObjective(Objective):
     """What the objectives of IMPALA, PPO and APPO share: the actor-critic, its one optimizer group
     ("policy", its gradient norm clipped to `max_grad_norm`: with `clip_per_network`, that of the
     policy network and that of the value network each on its own), the reward scaler, and the update
     of the observation statistics after each batch. Subclasses write `steps(batch)`."""
 
-    def __init__(self, policy: ActorCritic, hp: Any, normalize_reward: bool = False):
+    def __init__(self, policy: ActorCritic, hp: ActorCriticConfig, normalize_reward: bool = False):
         self.policy = policy
         self.hp = hp
         self.reward_scaler = reward_scaler(normalize_reward, hp.gamma)
@@ -81,7 +126,7 @@ def normalization(normalize_obs: bool | None, normalize_reward: bool | None, par
     return (auto if normalize_obs is None else normalize_obs), (scale_rewards if normalize_reward is None else normalize_reward)
 
 
-def chosen_by_env(hp: Any, **resolved: Any) -> dict[str, Any]:
+def chosen_by_env(hp: ActorCriticConfig, **resolved: Any) -> dict[str, Any]:
     """Of the `resolved` values of `hp`'s keys, those the config left null (the algorithm chose them by what the
     env is): what `Run.chosen` reports."""
     return {key: value for key, value in resolved.items() if getattr(hp, key) is None}

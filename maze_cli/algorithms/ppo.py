@@ -23,9 +23,9 @@ import torch
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
 from maze_cli.algorithms.contract import OptimizerGroup, Step, UpdateContext
-from maze_cli.algorithms.on_policy import ActorCriticObjective, chosen_by_env, masked_mean, normalization, normalized_advantages
+from maze_cli.algorithms.on_policy import ActorCriticConfig, ActorCriticObjective, chosen_by_env, masked_mean, normalization, normalized_advantages
 from maze_cli.algorithms.returns import gae, value_forced_steps, vtrace
-from maze_cli.config.fields import Fraction, NonNegativeFloat, NonNegativeInt, OneOf, PositiveFloat, PositiveInt, key
+from maze_cli.config.fields import Fraction, NonNegativeInt, OneOf, PositiveFloat, PositiveInt, key
 from maze_cli.config.schema import register_schema
 from maze_cli.learner import Learner
 from maze_cli.loops import OnPolicyLoop
@@ -36,19 +36,16 @@ from maze_cli.records import Rollout
 
 
 @dataclass
-class PpoConfig:
+class PpoConfig(ActorCriticConfig):
     """PPO (Schulman et al. 2017): synchronous, each batch collected with the current policy version."""
 
     _target_: str = "maze_cli.algorithms.ppo.Ppo"
-    lr: PositiveFloat = key(3e-4, "Adam's learning rate")
-    gamma: Fraction = key(0.99, "discount")
     returns: Annotated[str, OneOf("gae", "vtrace")] = key(
         "gae", "the value targets and advantages: gae (GAE, gae_lambda) for batches of the current policy version, or "
                "vtrace (V-trace, rho_bar and c_bar) for rollouts of older ones")
     gae_lambda: Fraction = key(0.95, "GAE's lambda (0: one-step TD error, 1: Monte Carlo)")
     rho_bar: PositiveFloat = key(1.0, "returns=vtrace: V-trace's clip of the importance ratio in the value targets")
     c_bar: PositiveFloat = key(1.0, "returns=vtrace: V-trace's clip of the trace coefficients")
-    n_rollout_steps: PositiveInt = key(64, "steps per rollout (T)")
     n_epochs: PositiveInt = key(4, "passes over each batch")
     n_minibatches: PositiveInt = key(4,
                                       "gradient steps per pass (recurrent policies: split by env into whole "
@@ -58,19 +55,9 @@ class PpoConfig:
                                                "null: a plain squared value error; a number: the value may move at "
                                                "most this far from its old estimate (the pessimistic max of the "
                                                "clipped and unclipped errors)")
-    normalize_advantage: bool = key(True, "advantages to mean 0, std 1 per minibatch")
-    value_coef: NonNegativeFloat = key(0.5, "weight of the value loss")
-    entropy_coef: NonNegativeFloat = key(0.0, "weight of the entropy bonus")
-    max_grad_norm: PositiveFloat = key(0.5, "gradient clipping by global norm")
-    clip_per_network: bool = key(False,
-                                  "the policy's and the value network's gradient norms clipped each on its own (as "
-                                  "IMPALA's option)")
     target_kl: Optional[PositiveFloat] = key(None,
                                               "stop the batch's passes once a minibatch's approx. KL exceeds 1.5 x "
                                               "this")
-    anneal_lr: bool = key(False,
-                           "lr falls linearly to 0 over the budget: max_env_steps, or max_time_s where that ends "
-                           "first")
     adaptive_lr_kl: Optional[PositiveFloat] = key(None,
                                                    "the approx. KL each batch's update aims at: after a batch whose "
                                                    "mean passed twice this, the lr falls by 1.5x (to lr/100 at "
@@ -78,19 +65,10 @@ class PpoConfig:
                                                    "Gaussian whose std shrinks moves further with each step of the "
                                                    "same lr, and this keeps the updates' size as it does")
     anneal_clip: bool = key(False, "clip_range likewise")
-    adam_eps: PositiveFloat = key(1e-5, "Adam's epsilon")
     shared_network: Optional[bool] = key(None,
                                           "one policy network for the action and value heads (true) or one each "
                                           "(false); null: one for a recurrent core (policy.core=lstm|gru: the memory "
                                           "learns from both losses), one each otherwise")
-    normalize_obs: Optional[bool] = key(None,
-                                         "observations by a running mean/std, as for IMPALA; null: on for Box "
-                                         "actions")
-    normalize_reward: Optional[bool] = key(None,
-                                            "rewards by the return's std, as for IMPALA; null: on for Box actions, "
-                                            "single agent")
-    normalize_images: bool = key(False, "each pixel of image observations by its own running mean/std, as for IMPALA")
-    log_std_init: float = key(0.0, "Box actions: the Gaussian's starting log std, as for IMPALA")
 
 
 @dataclass

@@ -3,14 +3,37 @@ replay buffer, and the replay loop (maze_cli.loops) that samples from it at a fi
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from maze_cli.algorithms.base import Components, Run
+from maze_cli.config.fields import Fraction, Gt, Le, NonNegativeInt, PositiveFloat, PositiveInt, key
 from maze_cli.errors import ConfigError
 from maze_cli.learner import Learner
 from maze_cli.loops import ReplayLoop
 from maze_cli.parallel.workers_with_buffer import BaseDistributedWorkersWithBuffer, initial_sampling_policy_or_random
 from maze_cli.policies.blueprint import initial_sampling_policy
+
+
+@dataclass
+class ReplayConfig:
+    """The keys every off-policy algorithm (SAC, TD3, DQN) takes: what `replay_run` builds its workers
+    and its loop from. Each algorithm's config adds its own and may change a default."""
+
+    _target_: str = ""
+    lr: PositiveFloat = key(3e-4, "Adam's learning rate")
+    gamma: Fraction = key(0.99, "discount")
+    tau: Annotated[float, Gt(0), Le(1)] = key(0.005, "Polyak averaging of the target networks (1: a copy)")
+    n_rollout_steps: PositiveInt = key(8, "steps per worker rollout")
+    rollouts_per_iteration: PositiveInt = key(1, "rollouts moved into the replay buffer per learner iteration")
+    batch_size: PositiveInt = key(256, "transitions per gradient update (whole rollouts when not splitting)")
+    replay_ratio: PositiveFloat = key(1.0, "gradient updates per collected transition")
+    initial_buffer_size: NonNegativeInt = key(1000,
+                                               "transitions collected by the initial sampling policy before learning")
+    initial_sampling_policy: Any = key(None,
+                                        "null or random: uniform random actions; a checkpoint path "
+                                        "(.../checkpoints/last.pt, trained on this env's spaces); or a mapping with "
+                                        "_target_ (called with observation_space, action_space and its other keys)")
 
 
 def check_single_agent(parts: Components, algorithm: str) -> None:
@@ -26,7 +49,7 @@ def check_feed_forward(policy: Any, parts: Components, algorithm: str) -> None:
                           f"{parts.network['_target_']} is recurrent (use algorithm=impala, appo or ppo for a recurrent core)")
 
 
-def replay_run(parts: Components, learner: Learner, hp: Any, blueprint: dict[str, Any],
+def replay_run(parts: Components, learner: Learner, hp: ReplayConfig, blueprint: dict[str, Any],
                split_rollouts_into_transitions: bool = True, n_step: int = 1) -> Run:
     """The run of an off-policy algorithm: actors that step their envs one by one (no autoreset
     steps, so every step is a transition) and fill the replay buffer, first with the initial

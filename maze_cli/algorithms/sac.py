@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, Iterator, Optional
+from typing import Annotated, Iterator, Optional
 
 import gymnasium as gym
 import numpy as np
@@ -21,8 +21,8 @@ from torch import nn
 from maze_cli.algorithms.base import Algorithm, Components, Run
 from maze_cli.algorithms.critics import TwinCritic
 from maze_cli.algorithms.contract import Objective, OptimizerGroup, Step, UpdateContext
-from maze_cli.algorithms.replay import check_feed_forward, check_single_agent, replay_run
-from maze_cli.config.fields import Fraction, Gt, Le, NonNegativeInt, PositiveFloat, PositiveInt, key
+from maze_cli.algorithms.replay import ReplayConfig, check_feed_forward, check_single_agent, replay_run
+from maze_cli.config.fields import Gt, Le, PositiveFloat, key
 from maze_cli.config.schema import register_schema
 from maze_cli.errors import ConfigError
 from maze_cli.learner import Learner
@@ -37,13 +37,12 @@ _LOG_STD_MIN, _LOG_STD_MAX = -5.0, 2.0
 
 
 @dataclass
-class SacConfig:
+class SacConfig(ReplayConfig):
     """SAC (Haarnoja et al. 2018); discrete actions as in Christodoulou (2019)."""
 
     _target_: str = "maze_cli.algorithms.sac.Sac"
     lr: PositiveFloat = key(1e-3, "Adam's learning rate of the actor and the critics")
     alpha_lr: PositiveFloat = key(1e-3, "Adam's learning rate of the entropy coefficient")
-    gamma: Fraction = key(0.99, "discount")
     tau: Annotated[float, Gt(0), Le(1)] = key(0.005, "Polyak averaging of the target critics")
     init_alpha: PositiveFloat = key(1.0, "the entropy coefficient at the start (tuned automatically from there)")
     target_entropy: Optional[float] = key(None,
@@ -52,16 +51,6 @@ class SacConfig:
     target_entropy_scale: Annotated[float, Gt(0), Le(1)] = key(
         0.5,
         "Discrete actions only: the target entropy as a share of the maximum")
-    n_rollout_steps: PositiveInt = key(8, "steps per worker rollout")
-    rollouts_per_iteration: PositiveInt = key(1, "rollouts moved into the replay buffer per learner iteration")
-    batch_size: PositiveInt = key(256, "transitions per gradient update (whole rollouts when not splitting)")
-    replay_ratio: PositiveFloat = key(1.0, "gradient updates per collected transition")
-    initial_buffer_size: NonNegativeInt = key(1000,
-                                               "transitions collected by the initial sampling policy before learning")
-    initial_sampling_policy: Any = key(None,
-                                        "null or random: uniform random actions; a checkpoint path "
-                                        "(.../checkpoints/last.pt, trained on this env's spaces); or a mapping with "
-                                        "_target_ (called with observation_space, action_space and its other keys)")
     split_rollouts_into_transitions: bool = key(True,
                                                  "store single transitions (true), or whole rollouts sampled as "
                                                  "sequences")

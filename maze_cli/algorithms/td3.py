@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Annotated, Any, Iterator
+from typing import Annotated, Iterator
 
 import gymnasium as gym
 import numpy as np
@@ -20,9 +20,9 @@ from torch import nn
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
 from maze_cli.algorithms.contract import Objective, OptimizerGroup, Step, UpdateContext
-from maze_cli.algorithms.replay import check_feed_forward, check_single_agent, replay_run
+from maze_cli.algorithms.replay import ReplayConfig, check_feed_forward, check_single_agent, replay_run
 from maze_cli.algorithms.critics import TwinCritic
-from maze_cli.config.fields import Fraction, Gt, Le, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, key
+from maze_cli.config.fields import Gt, Le, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, key
 from maze_cli.config.schema import register_schema
 from maze_cli.errors import ConfigError
 from maze_cli.learner import Learner
@@ -34,12 +34,11 @@ from maze_cli.policies.network import build_network
 
 
 @dataclass
-class Td3Config:
+class Td3Config(ReplayConfig):
     """TD3 (Fujimoto et al. 2018): Box actions, a deterministic actor with exploration noise."""
 
     _target_: str = "maze_cli.algorithms.td3.Td3"
     lr: PositiveFloat = key(3e-4, "Adam's learning rate of the actor and the critics")
-    gamma: Fraction = key(0.99, "discount")
     tau: Annotated[float, Gt(0), Le(1)] = key(0.005, "Polyak averaging of the target networks")
     exploration_noise: NonNegativeFloat = key(0.1,
                                                "the actors' Gaussian exploration noise, its std as a share of the "
@@ -47,17 +46,7 @@ class Td3Config:
     policy_noise: NonNegativeFloat = key(0.2, "target policy smoothing: the noise's std, as a share of the half-width")
     noise_clip: NonNegativeFloat = key(0.5, "... clipped at this share of the half-width")
     policy_delay: PositiveInt = key(2, "critic updates per actor (and target network) update")
-    n_rollout_steps: PositiveInt = key(8, "steps per worker rollout")
-    rollouts_per_iteration: PositiveInt = key(1, "rollouts moved into the replay buffer per learner iteration")
-    batch_size: PositiveInt = key(256, "transitions per gradient update")
-    replay_ratio: PositiveFloat = key(1.0, "gradient updates per collected transition")
-    initial_buffer_size: NonNegativeInt = key(10_000,
-                                               "transitions collected by the initial sampling policy before "
-                                               "learning: a deterministic actor explores only by its noise, so TD3 "
-                                               "starts from more random steps than SAC")
-    initial_sampling_policy: Any = key(None,
-                                        "null or random: uniform random actions; a checkpoint path; or a mapping "
-                                        "with _target_ (as for SAC)")
+    initial_buffer_size: NonNegativeInt = key(10_000)
 
 
 register_schema("algorithm", "td3", Td3Config)
