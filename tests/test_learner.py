@@ -44,12 +44,12 @@ def test_a_bf16_update_stays_close_to_the_fp32_one_and_keeps_the_loss_math_in_fp
 
 
 def test_auto_precision_is_fp32_for_mlps_and_for_conv_policies_only_where_the_cpu_computes_bf16_faster(monkeypatch):
-    from maze_cli import learner
+    from maze_cli import precision
 
     for faster in (True, False):
-        monkeypatch.setattr(learner, "cpu_computes_bf16_faster", lambda: faster)
-        assert learner.auto_precision(torch.device("cpu"), convolutional=False) == "fp32"
-        assert learner.auto_precision(torch.device("cpu"), convolutional=True) == ("bf16" if faster else "fp32")
+        monkeypatch.setattr(precision, "cpu_computes_bf16_faster", lambda: faster)
+        assert precision.auto_precision(torch.device("cpu"), convolutional=False) == "fp32"
+        assert precision.auto_precision(torch.device("cpu"), convolutional=True) == ("bf16" if faster else "fp32")
 
 
 @pytest.mark.parametrize("vendor,flags,pays", [
@@ -59,7 +59,7 @@ def test_auto_precision_is_fp32_for_mlps_and_for_conv_policies_only_where_the_cp
     ("AuthenticAMD", "avx2 fma", False),                                    # no bf16 instructions: only emulated
 ])
 def test_bf16_pays_on_cpus_with_amx_or_amds_avx512_bf16(vendor, flags, pays):
-    from maze_cli.learner import bf16_pays_on_cpu
+    from maze_cli.precision import bf16_pays_on_cpu
 
     cpuinfo = f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: fpu sse2 {flags}\n"
     assert bf16_pays_on_cpu(cpuinfo) is pays
@@ -68,7 +68,7 @@ def test_bf16_pays_on_cpus_with_amx_or_amds_avx512_bf16(vendor, flags, pays):
 def test_auto_precision_on_a_gpu_is_bf16_only_for_large_conv_policies(monkeypatch):
     """On a GPU a small net's update waits on kernel launches and autocast adds casts: MinAtar's conv
     policy (132k parameters) ran slower in bf16, the nature CNN (883k) faster."""
-    from maze_cli.learner import GPU_BF16_MIN_PARAMETERS, auto_precision
+    from maze_cli.precision import GPU_BF16_MIN_PARAMETERS, auto_precision
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
     cuda = torch.device("cuda")
@@ -85,7 +85,7 @@ def test_under_cuda_graphs_a_compiled_loss_returns_tensors_the_next_call_cannot_
     real run on a GPU failed with "accessing tensor output of CUDAGraphs that has been overwritten"
     before). Checked here where it can be: the copies are new tensors, and the loss among them
     still backpropagates."""
-    from maze_cli.learner import _Compiled
+    from maze_cli.precision import CompiledFunction
 
     weight = torch.nn.Parameter(torch.ones(3))
     held = {}
@@ -95,7 +95,7 @@ def test_under_cuda_graphs_a_compiled_loss_returns_tensors_the_next_call_cannot_
         held["loss"] = loss
         return loss, {"loss": loss.detach(), "parts": [x.mean()]}
 
-    loss, metrics = _Compiled(loss_fn, "test", "reduce-overhead", cuda_graphs=True)(torch.arange(3.0))
+    loss, metrics = CompiledFunction(loss_fn, "test", "reduce-overhead", cuda_graphs=True)(torch.arange(3.0))
     loss.backward()
     torch.testing.assert_close(weight.grad, torch.arange(3.0))
     assert metrics["loss"].item() == 3.0 and metrics["parts"][0].item() == 1.0

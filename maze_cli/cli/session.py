@@ -34,7 +34,7 @@ from maze_cli.envs.spaces import describe_space, image_shapes
 from maze_cli.errors import ConfigError, NonFiniteLoss, TrainingDiverged
 from maze_cli.evaluation import BackgroundEvaluation, Evaluator, Snapshot
 from maze_cli.interrupts import raise_terminated_on_sigterm
-from maze_cli.learner import check_options
+from maze_cli.precision import check_options
 from maze_cli.seeding import derive_seed, derive_seeds, deterministic_torch, seed_everything
 from maze_cli.start_methods import warm_up_start_method
 from maze_cli.stats.plots import draw_learning_curve, start_learning_curve
