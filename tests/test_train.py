@@ -66,7 +66,8 @@ def test_explicit_actor_seeds_override_the_derived_ones():
 
     from maze_cli.cli.build import build_run, check_env
     from maze_cli.algorithms.impala import ImpalaConfig
-    from maze_cli.config.schema import MlpPolicyConfig, Settings, SubprocRunnerConfig, TrainConfig, UniformReplayConfig
+    from maze_cli.config.schema import MlpPolicyConfig, SubprocRunnerConfig, TrainConfig, UniformReplayConfig
+    from maze_cli.config.settings import Settings
     from maze_cli.seeding import derive_seeds
 
     runner = SubprocRunnerConfig(n_actors=2, envs_per_actor=8, actor_env_seeds=[21, 22])

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from hydra.utils import get_class
 
-from maze_cli.config.schema import Settings
+from maze_cli.config.settings import Settings
 from maze_cli.distributed import LearnerGroup, backend_for
 from maze_cli.errors import ConfigError
 from maze_cli.parallel.learners import LearnerProcesses, RayLearners

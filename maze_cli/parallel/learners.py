@@ -58,7 +58,8 @@ def prepare_learner(task: LearnerTask) -> PreparedLearner:
     """Learner `task.group.rank` > 0, first part: the run's settings and env from the config."""
     # A learner's run is built as learner 0's is, by the layers above this one: imported in its process only.
     from maze_cli.cli.build import check_env, learner_threads
-    from maze_cli.config.schema import register_configs, validate
+    from maze_cli.config.schema import register_configs
+    from maze_cli.config.settings import validate
 
     register_configs()
     settings = validate(OmegaConf.create(task.config), [])
