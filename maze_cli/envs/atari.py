@@ -69,4 +69,4 @@ def make_atari_vector(n_envs: int, backend: str = "gymnasium", envpool_threads: 
     return make_envpool_atari(n_envs, num_threads=envpool_threads, **arguments)
 
 
-make_atari.vector_env = make_atari_vector  # type: ignore[attr-defined]  # maze_cli.envs.factory.VectorizedEnvTarget
+make_atari.vector_env = make_atari_vector  # type: ignore[attr-defined]  # maze_cli.envs.source.VectorizedEnvTarget

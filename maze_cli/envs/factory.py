@@ -2,65 +2,27 @@
 
 from __future__ import annotations
 
-import re
-import warnings
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping
 
 import gymnasium as gym
 
 from maze_cli.envs.action_mask import (FROM_INFO, InfoActionMask, LegalActionCheck, VectorLegalActionCheck, find_mask_key,
                                        gives_mask_in_info)
+from maze_cli.envs.checks import check_spaces, run_env_checker, supported_observation
 from maze_cli.envs.core_inputs import PreviousActionReward, adds_inputs
-from maze_cli.envs.info_stats import as_number, check_info_stats
+from maze_cli.envs.info_stats import check_info_stats
 from maze_cli.envs.keys import ID_KEYS, OWN_KEYS, env_setting
-from maze_cli.envs.mujoco import is_mujoco_id, prepare_mujoco
 from maze_cli.envs.multiagent import AgentIdObservation, agent_spaces, as_parallel, is_multiagent, team_info_stats
 from maze_cli.envs.policy_groups import PolicyGroupObservation, assign_groups
-from maze_cli.envs.source import EnvSource
-from maze_cli.envs.spaces import action_spec, observation_specs
+from maze_cli.envs.registration import register
+from maze_cli.envs.source import EnvSource, VectorizedEnvTarget
+from maze_cli.envs.spaces import action_spec
 from maze_cli.envs.wrappers import apply_wrappers, wrapper_specs
 from maze_cli.errors import ConfigError, EnvConfigError, UnsupportedSpaceError, first_line
 
 __all__ = ["EnvFactory", "EnvConfigError", "UnsupportedSpaceError", "VectorizedEnvTarget"]
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _plain_warnings() -> None:
-    """gymnasium colours its warnings with ANSI codes, which land raw in train.log and in consoles
-    that do not read them: every process that builds envs shows warnings without them."""
-    if getattr(warnings.formatwarning, "maze_cli_plain", False):
-        return
-    original = warnings.formatwarning
-
-    def formatwarning(message, category, filename, lineno, line=None) -> str:
-        return _ANSI.sub("", original(message, category, filename, lineno, line))
-
-    formatwarning.maze_cli_plain = True
-    warnings.formatwarning = formatwarning
-
-
-_plain_warnings()
-
-# Optional extras that bring env packages, by the module an env config registers its ids from.
-EXTRAS = {"minatar": "minatar", "ale_py": "atari", "minigrid": "minigrid"}
-# Env id prefixes whose ids exist only once their package is imported (gymnasium 1.x loads no plugins).
-ID_PACKAGES = {"ALE/": "ale_py", "MinAtar/": "minatar.gym", "MiniGrid-": "minigrid", "BabyAI-": "minigrid"}
-# Observation keys no network reads, and the wrapper that turns such an observation into one it does.
-FIXING_WRAPPERS = {"mission": "minigrid.wrappers.ImgObsWrapper"}
-
-
-@runtime_checkable
-class VectorizedEnvTarget(Protocol):
-    """A `_target_` callable that also builds `n_envs` copies of its env as one vector env, from the
-    same arguments: `vector_env(n_envs, **arguments)` returns a gymnasium VectorEnv with the single
-    env's spaces, or None where the actors should step single envs (e.g. `maze_cli.envs.atari.make_atari`,
-    whose `env.backend=envpool` gives each actor one envpool). `env.vectorize=false` turns it off."""
-
-    def __call__(self, *args: Any, **arguments: Any) -> gym.Env: ...
-
-    def vector_env(self, n_envs: int, **arguments: Any) -> gym.vector.VectorEnv | None: ...
 
 
 @dataclass(frozen=True)
@@ -143,7 +105,7 @@ class EnvFactory(EnvSource):
 
             return instantiate({k: v for k, v in self.config.items() if k not in OWN_KEYS}, _convert_="all")
         else:
-            self._register()
+            register(self.config)
             kwargs = dict(self.config.get("kwargs") or {})
             max_steps = self.config.get("max_episode_steps")
             if max_steps is not None:
@@ -260,47 +222,6 @@ class EnvFactory(EnvSource):
                                  f"(a PettingZoo AEC env whose agents take turns); leave selfplay.{asked[0]} at 0")
         return type(self)({**self.config, "selfplay": dict(selfplay)})
 
-    def _register(self) -> None:
-        """Import `register`'s module (or, for a known id prefix such as ALE/, its package) so that
-        the env's id exists, in every process that makes it; for a MuJoCo id, check MuJoCo and
-        route its warnings (`maze_cli.envs.mujoco`); for a Box2D id, check Box2D."""
-        self._import_register_module()
-        if is_mujoco_id(self.config["id"]):
-            prepare_mujoco(self.config["id"])
-        self._check_box2d()
-
-    def _check_box2d(self) -> None:
-        """gymnasium's Box2D envs need the Box2D package, which gymnasium names by its own extra: name ours."""
-        env_id = self.config["id"]
-        entry_point = gym.spec(env_id).entry_point if env_id in gym.registry else None
-        if not (isinstance(entry_point, str) and entry_point.startswith("gymnasium.envs.box2d")):
-            return
-        try:
-            import Box2D  # noqa: F401
-        except ImportError:
-            raise EnvConfigError(f"env.id={env_id}: a Box2D env, and Box2D is not installed; "
-                                 "pip install 'maze_cli[box2d]' (or pip install box2d)") from None
-
-    def _import_register_module(self) -> None:
-        env_id = self.config["id"]
-        module_name = self.config.get("register") or next((m for prefix, m in ID_PACKAGES.items() if env_id.startswith(prefix)), None)
-        if not module_name or env_id in gym.registry:
-            return
-        import importlib
-
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as err:
-            top = module_name.split(".")[0]
-            extra = f"pip install 'maze_cli[{EXTRAS[top]}]' (or pip install {top})" if top in EXTRAS else f"install the package that provides {module_name}"
-            if self.config.get("register"):
-                message = f"env.register={module_name}: cannot import it ({err}); {extra}"
-            else:
-                message = f"env.id={env_id}: its package {top} is not installed; {extra}"
-            raise EnvConfigError(message) from None
-        if callable(getattr(module, "register_envs", None)):
-            module.register_envs()
-
     def _builds_a_gym_env(self) -> bool:
         """Whether the `_target_` is a gymnasium.Env class or builds vector envs too: then no env is built
         to find out whether it is a multi-agent one."""
@@ -342,7 +263,7 @@ class EnvFactory(EnvSource):
 
     def _id_vector_env(self, n_envs: int) -> gym.vector.VectorEnv | None:
         """The registered id's vector entry point, where it has one that makes the same env."""
-        self._register()
+        register(self.config)
         if gym.spec(self.config["id"]).vector_entry_point is None:
             return None
         kwargs = dict(self.config.get("kwargs") or {})
@@ -436,11 +357,11 @@ class EnvFactory(EnvSource):
             return self._check_multiagent()
         env = self._built_or_config_error(self)
         try:
-            self._supported_observation(env.observation_space)
+            supported_observation(env.observation_space)
             action_spec(env.action_space)
             if env_setting(self.config, "check"):
-                self._check_spaces(env)
-                self._run_env_checker(env)
+                check_spaces(env, self.describe(), self.info_stats)
+                run_env_checker(env, self.describe())
             return env.observation_space, env.action_space
         finally:
             env.close()
@@ -464,69 +385,9 @@ class EnvFactory(EnvSource):
         env = self.parallel_env()
         try:
             observation_space, action_space = agent_spaces(env, f"env._target_={self.config['_target_']}")
-            self._supported_observation(observation_space)
+            supported_observation(observation_space)
             action_spec(action_space)
             self.action_mask_key(observation_space, action_space)
             return observation_space, action_space
         finally:
             env.close()
-
-    def _supported_observation(self, space: gym.Space) -> None:
-        """A Dict observation with keys no network reads (text, graphs) names the `env.obs_keys` that
-        leave them out."""
-        try:
-            observation_specs(space)
-        except UnsupportedSpaceError as err:
-            if not isinstance(space, gym.spaces.Dict):
-                raise
-            readable = []
-            for key, sub in space.spaces.items():
-                try:
-                    observation_specs(gym.spaces.Dict({key: sub}))
-                    readable.append(key)
-                except UnsupportedSpaceError:
-                    pass
-            fixes = [f"env.wrappers=[{FIXING_WRAPPERS[key]}]" for key in space.spaces if key in FIXING_WRAPPERS]
-            wrap = f"; wrap the env with the wrapper made for it: {fixes[0]}" if fixes else ""
-            if not readable and not wrap:
-                raise
-            leave_out = f"; or leave it out: env.obs_keys=[{','.join(readable)}]" if readable else ""
-            raise UnsupportedSpaceError(f"{err}{wrap}{leave_out}") from None
-
-    def _check_spaces(self, env: gym.Env) -> None:
-        """The env as built (wrappers included) keeps its declared spaces on reset and a few random
-        steps: a violation would only surface later as a reshape error inside an actor."""
-        space = env.observation_space
-        observation, _ = env.reset(seed=0)
-        self._require(space.contains(observation), f"its reset() observation is outside its observation space {space}")
-        for _ in range(5):
-            observation, _, terminated, truncated, info = env.step(env.action_space.sample())
-            self._require(space.contains(observation), f"a step() observation is outside its observation space {space}")
-            for key in self.info_stats:  # a non-numeric statistic fails here, before any actor starts
-                if key in info:
-                    as_number(key, info[key])
-            if terminated or truncated:
-                env.reset()
-
-    def _require(self, ok: bool, problem: str) -> None:
-        if not ok:
-            raise EnvConfigError(f"env {self.describe()} fails the env checker: {problem} (a wrapper or the env breaks "
-                                 f"its declared space; fix it, or env.check=false to skip the checks)")
-
-    def _run_env_checker(self, env: gym.Env) -> None:
-        """gymnasium's env checker on the env as built: its findings (determinism under a seed,
-        signatures, advice) are warnings in the log, not errors: simulators and real-world envs often
-        are not deterministic, and the spaces are checked above."""
-        import logging
-        import warnings
-
-        from gymnasium.utils.env_checker import check_env
-
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                check_env(env, skip_render_check=True)
-        except Exception as err:  # noqa: BLE001 - any finding of the checker
-            message = " ".join(str(err).split())
-            logging.getLogger("maze_cli").warning(f"env {self.describe()}: gymnasium's env checker says: {message} "
-                                                  f"(training goes on; env.check=false skips the checks)")

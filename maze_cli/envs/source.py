@@ -11,11 +11,23 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import gymnasium as gym
 
 from maze_cli.envs.action_mask import find_mask_key
+
+
+@runtime_checkable
+class VectorizedEnvTarget(Protocol):
+    """A `_target_` callable that also builds `n_envs` copies of its env as one vector env, from the
+    same arguments: `vector_env(n_envs, **arguments)` returns a gymnasium VectorEnv with the single
+    env's spaces, or None where the actors should step single envs (e.g. `maze_cli.envs.atari.make_atari`,
+    whose `env.backend=envpool` gives each actor one envpool). `env.vectorize=false` turns it off."""
+
+    def __call__(self, *args: Any, **arguments: Any) -> gym.Env: ...
+
+    def vector_env(self, n_envs: int, **arguments: Any) -> gym.vector.VectorEnv | None: ...
 
 
 class EnvSource(abc.ABC):
