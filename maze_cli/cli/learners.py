@@ -1,26 +1,77 @@
 """`learner.num_learners` > 1: learners 1..N-1 started beside this process (learner 0), checked first.
 
-They run as processes of this machine, or as Ray actors when the runner's actors are Ray actors;
-maze_cli/parallel/learners.py holds both kinds.
+They run as processes of this machine, or as Ray actors when the runner's actors are Ray actors
+(maze_cli/parallel/learners.py holds both kinds); what each runs, `prepare_learner` then
+`follow_learner`, builds its run as learner 0's is built.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from hydra.utils import get_class
+from omegaconf import OmegaConf
 
-from maze_cli.config.settings import Settings
+from maze_cli.checkpoint import follower_state, restore_follower_state
+from maze_cli.cli.build import build_run, check_env, learner_threads, trusted_targets
+from maze_cli.config.schema import register_configs
+from maze_cli.config.settings import Settings, validate
 from maze_cli.distributed import LearnerGroup, backend_for
 from maze_cli.errors import ConfigError
-from maze_cli.parallel.learners import LearnerProcesses, RayLearners
+from maze_cli.parallel.learners import LearnerBody, LearnerProcesses, LearnerTask, RayLearners
 from maze_cli.parallel.ray_backend import RayDistributedActors, connect
+from maze_cli.seeding import derive_seed, deterministic_torch, seed_everything
 from maze_cli.start_methods import default_start_method
+from maze_cli.training import follow
 
 log = logging.getLogger("maze_cli")
+
+
+@dataclass
+class PreparedLearner:
+    """A learner's settings and env, built before it joins the group (a failure here is reported
+    while learner 0 still waits for it to be ready, not as a broken collective)."""
+
+    task: LearnerTask
+    settings: Settings
+    env: tuple[Any, Any, Any]  # env factory, observation space, action space
+
+
+def prepare_learner(task: LearnerTask) -> PreparedLearner:
+    """Learner `task.group.rank` > 0, first part: the run's settings and env from the config."""
+    register_configs()
+    settings = validate(OmegaConf.create(task.config), [])
+    if settings.runner.get("reproducible"):
+        deterministic_torch()
+    torch.set_num_threads(learner_threads(settings))
+    env = check_env(settings)
+    seed_everything(derive_seed(settings.train.seed, f"learner/{task.group.rank}"))
+    return PreparedLearner(task, settings, env)
+
+
+def follow_learner(prepared: PreparedLearner) -> None:
+    """Learner `rank` > 0, second part: join the group, build its run (its share of the actors), take
+    learner 0's state and follow learner 0 until it says stop."""
+    task, settings = prepared.task, prepared.settings
+    group = LearnerGroup(task.group)
+    try:
+        run = build_run(settings, *prepared.env, trusted_targets(task.config), settings.train.trust_checkpoint, group)
+        start = group.broadcast_object()
+        run.learner.load_state_dict(start["learner"])
+        if start["resume"] is not None:  # a reproducible run's resume: this learner's actors go on as they were
+            restore_follower_state(run, start["resume"][task.group.rank - 1])
+        with run.runner:
+            run.runner.broadcast_updated_policy(run.learner.policy.state_dict())
+            follow(run.loop, group, lambda: follower_state(run, settings.train.checkpoint.replay_buffer))
+    finally:
+        group.close()
+
+
+BODY = LearnerBody(prepare_learner, follow_learner)  # what learners 1..N-1 run, in processes or Ray actors
 
 
 def start_other_learners(settings: Settings, config: dict[str, Any], closing: contextlib.ExitStack) -> LearnerGroup | None:
@@ -34,10 +85,10 @@ def start_other_learners(settings: Settings, config: dict[str, Any], closing: co
     backend = backend_for(settings.train.device)
     if on_ray:
         _connect_to_ray(settings, closing)
-        peers = closing.enter_context(RayLearners(config, options.num_learners, options.collective_timeout_s, backend,
+        peers = closing.enter_context(RayLearners(config, BODY, options.num_learners, options.collective_timeout_s, backend,
                                                   options.num_cpus_per_learner, options.num_gpus_per_learner))
     else:
-        peers = closing.enter_context(LearnerProcesses(config, options.num_learners, options.collective_timeout_s, backend,
+        peers = closing.enter_context(LearnerProcesses(config, BODY, options.num_learners, options.collective_timeout_s, backend,
                                                        settings.runner.get("start_method") or default_start_method()))
     peers.wait_ready(timeout_s=max(120.0, options.collective_timeout_s))
     group = LearnerGroup(peers.spec, store=peers.store)

@@ -23,13 +23,9 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
-from omegaconf import OmegaConf
-
-from maze_cli.distributed import GroupSpec, LearnerFailure, LearnerGroup, main_store, silent_learners
+from maze_cli.distributed import GroupSpec, LearnerFailure, main_store, silent_learners
 from maze_cli.errors import ConfigError, MazeCliError, first_line
 from maze_cli.parallel.ray_backend import _died_reason, shortfall
-from maze_cli.seeding import derive_seed, deterministic_torch, seed_everything
 
 log = logging.getLogger("maze_cli")
 _STOP_GRACE_S = 10.0  # a learner told to stop has this long to stop its actors before it is killed
@@ -44,64 +40,23 @@ class LearnerTask:
     log_level: int = logging.WARNING
 
 
-@dataclass
-class PreparedLearner:
-    """A learner's settings and env, built before it joins the group (a failure here is reported
-    while learner 0 still waits for it to be ready, not as a broken collective)."""
+@dataclass(frozen=True)
+class LearnerBody:
+    """What a learner other than learner 0 runs, given by the layer that builds runs (maze_cli.cli.learners):
+    module-level functions, so that a learner's process or Ray actor receives them by name."""
 
-    task: LearnerTask
-    settings: Any
-    env: tuple[Any, Any, Any]  # env factory, observation space, action space
-
-
-def prepare_learner(task: LearnerTask) -> PreparedLearner:
-    """Learner `task.group.rank` > 0, first part: the run's settings and env from the config."""
-    # A learner's run is built as learner 0's is, by the layers above this one: imported in its process only.
-    from maze_cli.cli.build import check_env, learner_threads
-    from maze_cli.config.schema import register_configs
-    from maze_cli.config.settings import validate
-
-    register_configs()
-    settings = validate(OmegaConf.create(task.config), [])
-    if settings.runner.get("reproducible"):
-        deterministic_torch()
-    torch.set_num_threads(learner_threads(settings))
-    env = check_env(settings)
-    seed_everything(derive_seed(settings.train.seed, f"learner/{task.group.rank}"))
-    return PreparedLearner(task, settings, env)
+    prepare: Callable[[LearnerTask], Any]  # its settings and env, before it joins the group
+    follow: Callable[[Any], None]  # join the group, build its run, follow learner 0 until it says stop
 
 
-def follow_learner(prepared: PreparedLearner) -> None:
-    """Learner `rank` > 0, second part: join the group, build its run (its share of the actors), take
-    learner 0's state and follow learner 0 until it says stop."""
-    # (the layers above this one, as in prepare_learner)
-    from maze_cli.checkpoint import follower_state, restore_follower_state
-    from maze_cli.cli.build import build_run, trusted_targets
-    from maze_cli.training import follow
-
-    task, settings = prepared.task, prepared.settings
-    group = LearnerGroup(task.group)
-    try:
-        run = build_run(settings, *prepared.env, trusted_targets(task.config), settings.train.trust_checkpoint, group)
-        start = group.broadcast_object()
-        run.learner.load_state_dict(start["learner"])
-        if start["resume"] is not None:  # a reproducible run's resume: this learner's actors go on as they were
-            restore_follower_state(run, start["resume"][task.group.rank - 1])
-        with run.runner:
-            run.runner.broadcast_updated_policy(run.learner.policy.state_dict())
-            follow(run.loop, group, lambda: follower_state(run, settings.train.checkpoint.replay_buffer))
-    finally:
-        group.close()
-
-
-def run_learner(task: LearnerTask, ready: Callable[[], None]) -> None:
+def run_learner(task: LearnerTask, body: LearnerBody, ready: Callable[[], None]) -> None:
     """The life of learner `task.group.rank` > 0 in a process of its own: prepare, say so, follow."""
-    prepared = prepare_learner(task)
+    prepared = body.prepare(task)
     ready()
-    follow_learner(prepared)
+    body.follow(prepared)
 
 
-def _learner_process(task: LearnerTask, reports) -> None:
+def _learner_process(task: LearnerTask, body: LearnerBody, reports) -> None:
     """The body of a learner subprocess: `run_learner`, its failure reported in one line."""
     rank = task.group.rank
     logging.basicConfig(level=task.log_level, format=f"[learner {rank}] %(levelname)s %(message)s")
@@ -109,7 +64,7 @@ def _learner_process(task: LearnerTask, reports) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _exit_with_parent()
     try:
-        run_learner(task, lambda: reports.send(("ready", rank)))
+        run_learner(task, body, lambda: reports.send(("ready", rank)))
     except (KeyboardInterrupt, LearnerFailure, FloatingPointError):
         pass  # stopped by learner 0, learner 0 is gone, or a non-finite loss all learners saw: learner 0 tells the user
     except MazeCliError as err:
@@ -147,7 +102,8 @@ def _exit_with_parent() -> None:
 class LearnerProcesses:
     """Learners 1..N-1 as subprocesses of this machine, on loopback."""
 
-    def __init__(self, config: dict[str, Any], world_size: int, timeout_s: float, backend: str, start_method: str):
+    def __init__(self, config: dict[str, Any], body: LearnerBody, world_size: int, timeout_s: float, backend: str,
+                 start_method: str):
         self.world_size = world_size
         self.store = main_store("127.0.0.1", world_size, timeout_s)
         self.spec = GroupSpec(0, world_size, "127.0.0.1", self.store.port, timeout_s, backend)
@@ -159,7 +115,7 @@ class LearnerProcesses:
             receive, send = context.Pipe(duplex=False)
             task = LearnerTask(config, GroupSpec(rank, world_size, "127.0.0.1", self.store.port, timeout_s, backend),
                                logging.getLogger("maze_cli").getEffectiveLevel() if log.isEnabledFor(logging.DEBUG) else logging.WARNING)
-            process = context.Process(target=_learner_process, args=(task, send), name=f"maze-learner-{rank}")
+            process = context.Process(target=_learner_process, args=(task, body, send), name=f"maze-learner-{rank}")
             process.start()
             send.close()
             self.processes.append(process)
@@ -250,20 +206,20 @@ class RayLearnerBody:
     """What runs inside the Ray actor of one learner: `prepare` (returns where it runs), then `run`,
     which lasts as long as the run."""
 
-    def __init__(self, task: LearnerTask):
-        self.task = task
-        self.prepared: PreparedLearner | None = None
+    def __init__(self, task: LearnerTask, body: LearnerBody):
+        self.task, self.body = task, body
+        self.prepared: Any = None
         logging.basicConfig(level=task.log_level, format=f"[learner {task.group.rank}] %(levelname)s %(message)s")
 
     def prepare(self) -> dict[str, Any]:
         import ray
 
-        self.prepared = prepare_learner(self.task)
+        self.prepared = self.body.prepare(self.task)
         return {"pid": os.getpid(), "ip": ray.util.get_node_ip_address()}
 
     def run(self) -> None:
         try:
-            follow_learner(self.prepared)
+            self.body.follow(self.prepared)
         except (LearnerFailure, FloatingPointError):
             pass  # learner 0 is gone, or a non-finite loss that all learners saw: learner 0 tells the user
 
@@ -274,7 +230,7 @@ class RayLearners:
     join learner 0's rendezvous store at this node's address. Killing a learner's Ray actor kills the
     Ray actors it owns (its actors) with it."""
 
-    def __init__(self, config: dict[str, Any], world_size: int, timeout_s: float, backend: str,
+    def __init__(self, config: dict[str, Any], body: LearnerBody, world_size: int, timeout_s: float, backend: str,
                  num_cpus: float, num_gpus: float, placement_timeout_s: float = 120.0):
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
@@ -306,7 +262,7 @@ class RayLearners:
         for rank in range(1, world_size):
             strategy = PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=rank - 1)
             task = LearnerTask(config, GroupSpec(rank, world_size, host, self.store.port, timeout_s, backend), level)
-            self.handles.append(remote.options(scheduling_strategy=strategy, name=None).remote(task))
+            self.handles.append(remote.options(scheduling_strategy=strategy, name=None).remote(task, body))
 
     def wait_ready(self, timeout_s: float) -> None:
         """Until every learner has built its env; then each starts following. LearnerFailure naming
