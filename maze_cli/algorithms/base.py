@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar, TypedDict
 
 import gymnasium as gym
 
@@ -19,7 +19,22 @@ from maze_cli.envs.source import EnvSource
 
 if TYPE_CHECKING:
     from maze_cli.algorithms.contract import Loop, Runner
+    from maze_cli.buffers import ReplayBuffer
+    from maze_cli.distributed import LearnerGroup
     from maze_cli.learner import Learner
+    from maze_cli.parallel.distributed_actors import DistributedActors
+    from maze_cli.policies.base import Policy
+
+
+class LearnerOptions(TypedDict, total=False):
+    """The shared learner's options from the config (`maze_cli.learner.Learner`'s keyword arguments)."""
+
+    precision: str
+    compile: bool
+    compile_mode: str
+    group: "LearnerGroup | None"
+    max_env_steps: int
+    max_time_s: float | None
 
 
 @dataclass
@@ -46,14 +61,14 @@ class Components:
     env_factory: EnvSource
     observation_space: gym.Space
     action_space: gym.Space
-    network: dict[str, Any]
-    make_actors: Callable[..., Any]
-    make_replay_buffer: Callable[..., Any]
+    network: dict[str, object]
+    make_actors: Callable[..., "DistributedActors"]
+    make_replay_buffer: Callable[..., "ReplayBuffer"]
     device: str
     seed: int
-    load_policy: Callable[[str, str], Any]
+    load_policy: Callable[[str, str], "Policy"]
     action_mask_key: str | None = None  # the observation key of the action mask (`maze_cli.envs.action_mask`), if any
-    learner: dict[str, Any] = field(default_factory=dict)
+    learner: LearnerOptions = field(default_factory=LearnerOptions)
 
 
 @dataclass
@@ -65,18 +80,18 @@ class Run:
     loop: "Loop"
     runner: "Runner"
     learner: "Learner"
-    blueprint: dict[str, Any]
+    blueprint: dict[str, object]
     epoch_length: int = 20  # iterations per epoch: set by build_run from the config or the algorithm
     # the algorithm's keys left null in the config and chosen by what the env is (e.g. normalize_obs: true for
     # Box actions): printed in the run's first lines and written into config.yaml, so the run says what it ran
-    chosen: dict[str, Any] = field(default_factory=dict)
+    chosen: dict[str, object] = field(default_factory=dict)
 
 
 class Algorithm(abc.ABC):
     """The interface every algorithm class implements (besides being its own config dataclass)."""
 
     envs_per_actor: ClassVar[int] = 1  # what `runner.envs_per_actor: null` becomes
-    network_defaults: ClassVar[dict[str, Any]] = {}  # what `policy.<key>: null` becomes
+    network_defaults: ClassVar[dict[str, object]] = {}  # what `policy.<key>: null` becomes
     # what `epoch_length: null` becomes: iterations per epoch. An epoch is a row of stats and, with
     # evaluation on, the moment the target is judged, so it should last about a second, not more.
     epoch_length: ClassVar[int] = 20

@@ -19,14 +19,21 @@ import abc
 import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Protocol
+from typing import TYPE_CHECKING, ClassVar, Iterator, Protocol, Union
 
 import torch
 from torch import nn
 
 if TYPE_CHECKING:
     from maze_cli.distributed import LearnerGroup
+    from maze_cli.parallel.workers_with_buffer import SampledBatch
+    from maze_cli.records import Rollout
     from maze_cli.stats.aggregator import EpochStatsAggregator
+
+# What an objective learns from: rollouts `[T, B]` from actors, or transitions sampled from a replay buffer.
+Batch = Union["Rollout", "SampledBatch"]
+Metrics = dict[str, Union[torch.Tensor, float]]  # named numbers of an update, tensors until an epoch's row reads them
+StateDict = dict[str, object]  # plain data of a checkpoint
 
 
 @dataclass
@@ -112,19 +119,19 @@ class Objective(abc.ABC):
         """The parameters each optimizer steps (asked once, after the modules moved to the learner's device)."""
 
     @abc.abstractmethod
-    def steps(self, batch: Any, context: UpdateContext) -> Iterator[Step]:
+    def steps(self, batch: Batch, context: UpdateContext) -> Iterator[Step]:
         """The gradient steps of one batch; each is taken before the next is asked for."""
 
-    def env_steps(self, batch: Any) -> int:
+    def env_steps(self, batch: Batch) -> int:
         """The env steps a batch consumes, towards the schedules (0: the batch does not count, as replayed ones)."""
         return 0
 
     def after_update(self, context: UpdateContext) -> None:
         """After each update's last step (target networks follow the online ones here)."""
 
-    def summary(self, batch: Any, steps: list[dict[str, Any]], context: UpdateContext) -> dict[str, Any]:
+    def summary(self, batch: Batch, steps: list[Metrics], context: UpdateContext) -> Metrics:
         """The metrics of a batch's update from those of its steps (recorded for the epoch); default: their union."""
-        out: dict[str, Any] = {}
+        out: Metrics = {}
         for metrics in steps:
             out |= metrics
         return out
@@ -133,14 +140,14 @@ class Objective(abc.ABC):
         """The last update's per-sample priorities for prioritized replay (|TD error|); None: gives none."""
         return None
 
-    def extra_state(self) -> dict[str, Any]:
+    def extra_state(self) -> StateDict:
         """State besides modules and optimizers, kept in checkpoints (e.g. the reward scaler's statistics)."""
         return {}
 
-    def load_extra_state(self, state: dict[str, Any]) -> None:
+    def load_extra_state(self, state: StateDict) -> None:
         pass
 
-    def load_normalizer_state(self, state: dict[str, Any]) -> None:
+    def load_normalizer_state(self, state: StateDict) -> None:
         """Warm start (`init_from.normalizer=true`): the statistics a new run takes from a checkpoint's `extra_state`."""
 
 
@@ -150,7 +157,7 @@ class Runner(Protocol):
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
-    def broadcast_updated_policy(self, state_dict: dict[str, Any]) -> None: ...
+    def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None: ...
     def get_epoch_stats_aggregator(self) -> "EpochStatsAggregator": ...
 
 
@@ -162,5 +169,5 @@ class Loop(Protocol):
 
     def iteration(self) -> int: ...
     def updates(self) -> int: ...
-    def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def state_dict(self) -> StateDict: ...
+    def load_state_dict(self, state: StateDict) -> None: ...

@@ -4,12 +4,12 @@ reward scaling and observation statistics, averages over real steps, and the nor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import gymnasium as gym
 import torch
 
-from maze_cli.algorithms.contract import Objective, OptimizerGroup, UpdateContext
+from maze_cli.algorithms.contract import Objective, OptimizerGroup, StateDict, UpdateContext
 from maze_cli.algorithms.returns import bootstrap_truncated
 from maze_cli.config.fields import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt, key
 from maze_cli.normalization import RewardScaler
@@ -96,13 +96,13 @@ class ActorCriticObjective(Objective):
         if self.policy.obs_normalizer is not None:
             self.policy.obs_normalizer.update_from(batch, context.pool)
 
-    def extra_state(self) -> dict[str, Any]:
+    def extra_state(self) -> StateDict:
         return {} if self.reward_scaler is None else {"reward_scaler": self.reward_scaler.state_dict()}
 
-    def load_extra_state(self, state: dict[str, Any]) -> None:
+    def load_extra_state(self, state: StateDict) -> None:
         self.load_normalizer_state(state)
 
-    def load_normalizer_state(self, state: dict[str, Any]) -> None:
+    def load_normalizer_state(self, state: StateDict) -> None:
         if self.reward_scaler is not None and "reward_scaler" in state:
             self.reward_scaler.load_state_dict(state["reward_scaler"])
 
@@ -126,7 +126,7 @@ def normalization(normalize_obs: bool | None, normalize_reward: bool | None, par
     return (auto if normalize_obs is None else normalize_obs), (scale_rewards if normalize_reward is None else normalize_reward)
 
 
-def chosen_by_env(hp: ActorCriticConfig, **resolved: Any) -> dict[str, Any]:
+def chosen_by_env(hp: ActorCriticConfig, **resolved: object) -> dict[str, object]:
     """Of the `resolved` values of `hp`'s keys, those the config left null (the algorithm chose them by what the
     env is): what `Run.chosen` reports."""
     return {key: value for key, value in resolved.items() if getattr(hp, key) is None}

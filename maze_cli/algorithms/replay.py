@@ -12,6 +12,7 @@ from maze_cli.errors import ConfigError
 from maze_cli.learner import Learner
 from maze_cli.loops import ReplayLoop
 from maze_cli.parallel.workers_with_buffer import BaseDistributedWorkersWithBuffer, initial_sampling_policy_or_random
+from maze_cli.policies.base import Policy
 from maze_cli.policies.blueprint import initial_sampling_policy
 
 
@@ -43,13 +44,13 @@ def check_single_agent(parts: Components, algorithm: str) -> None:
                           f"{algorithm.upper()}'s replay buffer takes single-agent envs only")
 
 
-def check_feed_forward(policy: Any, parts: Components, algorithm: str) -> None:
+def check_feed_forward(policy: Policy, parts: Components, algorithm: str) -> None:
     if policy.is_recurrent:
         raise ConfigError(f"algorithm={algorithm} takes feed-forward policy networks only; policy._target_="
                           f"{parts.network['_target_']} is recurrent (use algorithm=impala, appo or ppo for a recurrent core)")
 
 
-def replay_run(parts: Components, learner: Learner, hp: ReplayConfig, blueprint: dict[str, Any],
+def replay_run(parts: Components, learner: Learner, hp: ReplayConfig, blueprint: dict[str, object],
                split_rollouts_into_transitions: bool = True, n_step: int = 1) -> Run:
     """The run of an off-policy algorithm: actors that step their envs one by one (no autoreset
     steps, so every step is a transition) and fill the replay buffer, first with the initial
