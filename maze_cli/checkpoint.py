@@ -213,14 +213,14 @@ def restore_follower_state(run, state: dict[str, Any]) -> None:
 
 def _replay_state(run, with_replay_buffer: bool) -> dict[str, Any]:
     """The replay buffer's part of a checkpoint: its contents and the env steps its workers took."""
-    buffer = getattr(run.runner, "replay_buffer", None)
+    buffer = run.runner.replay_buffer
     if not with_replay_buffer or buffer is None:
         return {}
     return {"replay_buffer": buffer.state_dict(), "worker_env_steps": run.runner.env_steps}
 
 
 def _restore_replay_state(run, state: dict[str, Any]) -> None:
-    buffer = getattr(run.runner, "replay_buffer", None)
+    buffer = run.runner.replay_buffer
     if buffer is not None and "replay_buffer" in state:
         buffer.load_state_dict(state["replay_buffer"])
         run.runner.env_steps = state["worker_env_steps"]

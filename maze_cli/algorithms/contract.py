@@ -25,7 +25,9 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from maze_cli.buffers import ReplayBuffer
     from maze_cli.distributed import LearnerGroup
+    from maze_cli.parallel.distributed_actors import DistributedActors
     from maze_cli.parallel.workers_with_buffer import SampledBatch
     from maze_cli.records import Rollout
     from maze_cli.stats.aggregator import EpochStatsAggregator
@@ -153,7 +155,12 @@ class Objective(abc.ABC):
 
 class Runner(Protocol):
     """Actors (DistributedActors) or workers with a replay buffer: what the trainer starts, feeds new
-    policy versions and stops."""
+    policy versions and stops, and what the run reads of it (its actors, its replay buffer)."""
+
+    @property
+    def distributed_actors(self) -> "DistributedActors": ...  # the actors themselves (workers with a buffer wrap theirs)
+    @property
+    def replay_buffer(self) -> "ReplayBuffer | None": ...  # None: experience goes straight to the learner
 
     def start(self) -> None: ...
     def stop(self) -> None: ...

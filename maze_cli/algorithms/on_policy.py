@@ -76,8 +76,7 @@ class ActorCriticObjective(Objective):
 
     def optimizer_groups(self) -> dict[str, OptimizerGroup]:
         hp = self.hp
-        split = getattr(self.policy, "network_parameters", None)  # a user's policy class may not tell its networks apart
-        parts = split() if hp.clip_per_network and split is not None else None
+        parts = self.policy.network_parameters() if hp.clip_per_network else None
         return {"policy": OptimizerGroup(list(self.policy.parameters()), hp.lr, "loss", hp.adam_eps, hp.max_grad_norm,
                                          anneal=hp.anneal_lr, clip_parts=parts)}
 

@@ -128,7 +128,8 @@ def learner_threads(settings: Settings) -> int:
     if t.torch_threads is not None:
         return t.torch_threads
     algorithm, _ = _target_and_arguments("algorithm", {"_target_": settings.algorithm._target_})
-    if settings.runner.get("reproducible") or not getattr(algorithm, "actors_wait_for_learner", False):
+    waits = isinstance(algorithm, type) and issubclass(algorithm, Algorithm) and algorithm.actors_wait_for_learner
+    if settings.runner.get("reproducible") or not waits:
         return 1
     return max(1, available_cores() // t.learner.num_learners)
 

@@ -169,7 +169,7 @@ def _log_start(settings: Settings, run: Run, env_factory: EnvFactory, observatio
     """The run's first lines: where it writes, the env and its spaces, the algorithm, the actors, the evaluation."""
     t = settings.train
     log.info(f"run dir: {run_dir}")
-    actors = getattr(run.runner, "actors", run.runner)  # workers with a buffer wrap their actors
+    actors = run.runner.distributed_actors
     learners = "" if group is None else f" per learner, {group.world_size} learners"
     log.info(
         f"env {env_factory.describe()}: observations {describe_space(observation_space)}, actions {describe_space(action_space)}; "

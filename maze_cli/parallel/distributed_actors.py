@@ -402,6 +402,13 @@ class DistributedActors(abc.ABC):
         part of a restart; its rollouts in flight are dropped)."""
         raise NotImplementedError(f"{type(self).__name__} cannot restart actors")
 
+    @property
+    def distributed_actors(self) -> "DistributedActors":
+        """As a run's runner (`Runner`): the actors are these."""
+        return self
+
+    replay_buffer = None  # as a run's runner: rollouts go straight to the learner
+
     # -- stats ---------------------------------------------------------------------------------
     def get_epoch_stats_aggregator(self) -> EpochStatsAggregator:
         """The aggregator holding this epoch's actor stats (episode returns, lag, timings)."""

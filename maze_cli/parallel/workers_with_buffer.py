@@ -114,6 +114,11 @@ class BaseDistributedWorkersWithBuffer:
         self.replay_buffer: ReplayBuffer = replay_buffer(item_specs=_item_specs(actors.rollout_spec, self.split, n_step))
         self.env_steps = 0
 
+    @property
+    def distributed_actors(self) -> DistributedActors:
+        """As a run's runner (`Runner`): the actors that fill the buffer."""
+        return self.actors
+
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
         self.actors.start()
