@@ -70,6 +70,9 @@ def test_a_checkpoint_can_be_the_initial_sampling_policy(tmp_path):
     second = run_train("+env=pendulum", "algorithm=sac", "runner=subproc", "max_env_steps=600", *FAST,
                        f"algorithm.initial_sampling_policy={checkpoint}", run_dir=tmp_path / "b")
     assert second.returncode == 0, second.stderr
+    log = (tmp_path / "b" / "train.log").read_text()
+    assert f"first 256 transitions: SacPolicy ({checkpoint})" in log, log  # the checkpoint's policy, not random actions
+    assert "uniform random actions" in (tmp_path / "a" / "train.log").read_text()
 
 
 def test_bad_sac_input_gets_one_line(tmp_path):

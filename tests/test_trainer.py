@@ -7,8 +7,30 @@ import time
 
 import pytest
 
+from maze_cli import training
 from maze_cli.stats.aggregator import EpochStatsAggregator
 from maze_cli.training import Budget, Trainer
+
+
+class FakeClock:
+    """Stands in for the `time` module of maze_cli.training: seconds pass only when a test's fakes
+    say so (`sleep`), so that a test of the trainer's clocks asserts exact figures, never wall time."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(training, "time", fake)
+    return fake
 
 class TerminatedForTest(KeyboardInterrupt):
     """What train's SIGTERM handler raises, stood in for here."""
@@ -40,7 +62,8 @@ class FakeLoop:
     after the script runs out no more episodes end.
     """
 
-    def __init__(self, steps=10, returns=None, sleep_s=0.0):
+    def __init__(self, steps=10, returns=None, sleep_s=0.0, sleep=time.sleep):
+        self.sleep = sleep  # a FakeClock's, where a test times the trainer
         self.actor_stats = EpochStatsAggregator()
         self.learner_stats = EpochStatsAggregator()
         self.steps = steps
@@ -50,7 +73,7 @@ class FakeLoop:
 
     def iteration(self):
         if self.sleep_s:
-            time.sleep(self.sleep_s)
+            self.sleep(self.sleep_s)
         self.n_updates += 1
         for value in self.returns.get(self.n_updates, []):
             self.actor_stats.add("episode_return", value)
@@ -304,26 +327,26 @@ def test_an_env_step_cadence_evaluates_at_the_first_epoch_past_it_whatever_the_e
         assert [row["env_steps"] for row in writer.rows if "eval/return_mean" in row] == expected, epoch_length
 
 
-def test_a_seconds_cadence_evaluates_once_that_much_training_time_has_passed():
+def test_a_seconds_cadence_evaluates_once_that_much_training_time_has_passed(clock):
     evaluate = ScriptedEval([1.0] * 40)
-    trainer, _, writer = make(FakeLoop(sleep_s=0.02), max_env_steps=200, epoch_length=1, evaluate=evaluate, eval_interval=1,
-                              eval_interval_s=0.09)
+    trainer, _, writer = make(FakeLoop(sleep_s=0.25, sleep=clock.sleep), max_env_steps=200, epoch_length=1,
+                              evaluate=evaluate, eval_interval=1, eval_interval_s=1.0)
     trainer.run()
     evaluated = [row["epoch"] for row in writer.rows if "eval/return_mean" in row]
-    assert 3 <= len(evaluated) <= 7 and evaluated[-1] == 20  # every 4-5 epochs of 0.02 s, and the last
+    assert evaluated == [4, 8, 12, 16, 20]  # epochs of 0.25 s: one evaluation a second of training, and the last
 
 
-def test_each_evaluation_reports_the_share_of_the_run_spent_evaluating():
+def test_each_evaluation_reports_the_share_of_the_run_spent_evaluating(clock):
     class SlowEval(ScriptedEval):
         def __call__(self):
-            time.sleep(0.05)
+            clock.sleep(3.0)
             return super().__call__()
 
-    trainer, _, writer = make(FakeLoop(sleep_s=0.05), max_env_steps=40, epoch_length=1, evaluate=SlowEval([1.0] * 4),
-                              eval_interval=1)
+    trainer, _, writer = make(FakeLoop(sleep_s=1.0, sleep=clock.sleep), max_env_steps=40, epoch_length=1,
+                              evaluate=SlowEval([1.0] * 4), eval_interval=1)
     trainer.run()
     shares = [row["time/eval_share"] for row in writer.rows]
-    assert all(0.35 < share < 0.6 for share in shares), shares  # half the time evaluates
+    assert shares == pytest.approx([0.75] * 4), shares  # 3 s of evaluation to each 1 s of training
 
 
 def test_a_resumed_run_keeps_the_evaluation_cadence():
@@ -340,20 +363,17 @@ def test_a_resumed_run_keeps_the_evaluation_cadence():
 # ---------------------------------------------------------------------------------------------- time
 
 
-def test_max_time_stops_the_run():
-    trainer, loop, writer = make(FakeLoop(sleep_s=0.02), max_time_s=0.15, epoch_length=3)
-    start = time.perf_counter()
+def test_max_time_stops_the_run(clock):
+    trainer, loop, writer = make(FakeLoop(sleep_s=2.0, sleep=clock.sleep), max_time_s=15.0, epoch_length=3)
     result = trainer.run()
-    took = time.perf_counter() - start
     assert result.stop_reason == "max_time_s"
-    assert 0.15 <= result.time_s < 1.5 and took < 1.5
-    assert 1 <= loop.updates() <= 8  # about 0.15 / 0.02; sleeps only overshoot
+    assert loop.updates() == 8 and result.time_s == pytest.approx(16.0)  # the first iteration past 15 s ends it
     assert result.epochs == math.ceil(loop.updates() / 3) == len(writer.rows)
-    assert writer.rows[-1]["time_s"] >= 0.15
+    assert writer.rows[-1]["time_s"] == pytest.approx(16.0)
 
 
-def test_time_trained_before_a_resume_counts_against_max_time():
-    trainer, loop, writer = make(FakeLoop(sleep_s=0.06), max_time_s=100.0)
+def test_time_trained_before_a_resume_counts_against_max_time(clock):
+    trainer, loop, writer = make(FakeLoop(sleep_s=0.06, sleep=clock.sleep), max_time_s=100.0)
     trainer.load_state_dict({"env_steps": 500, "epoch": 4, "window": [], "best_eval": None, "time_s": 99.95})
     result = trainer.run()
     assert result.stop_reason == "max_time_s" and loop.updates() == 1
@@ -361,12 +381,12 @@ def test_time_trained_before_a_resume_counts_against_max_time():
     assert writer.rows[0]["env_steps"] == 510 and writer.rows[0]["time_s"] >= 100.0
 
 
-def test_state_dict_time_stops_when_the_run_stops():
+def test_state_dict_time_stops_when_the_run_stops(clock):
     """The final checkpoint is written after the runner shuts down; that wait is not training time."""
     trainer, _, _ = make(max_env_steps=10)
     trainer.run()
     before = trainer.state_dict()["time_s"]
-    time.sleep(0.05)
+    clock.sleep(5.0)
     assert trainer.state_dict()["time_s"] == before
 
 # -------------------------------------------------------------------------------------------- resume

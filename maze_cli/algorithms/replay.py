@@ -3,6 +3,7 @@ replay buffer, and the replay loop (maze_cli.loops) that samples from it at a fi
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -14,6 +15,8 @@ from maze_cli.loops import ReplayLoop
 from maze_cli.parallel.workers_with_buffer import BaseDistributedWorkersWithBuffer, initial_sampling_policy_or_random
 from maze_cli.policies.base import Policy
 from maze_cli.policies.blueprint import initial_sampling_policy
+
+log = logging.getLogger("maze_cli")
 
 
 @dataclass
@@ -59,6 +62,8 @@ def replay_run(parts: Components, learner: Learner, hp: ReplayConfig, blueprint:
     initial_buffer_size, replay_ratio (and gamma, for `n_step` > 1: n-step transitions)."""
     policy = learner.policy
     initial = initial_sampling_policy(hp.initial_sampling_policy, parts.observation_space, parts.action_space, parts.load_policy)
+    source = "uniform random actions" if initial is None else f"{type(initial).__name__} ({hp.initial_sampling_policy})"
+    log.info(f"the replay buffer's first {hp.initial_buffer_size:,} transitions: {source} (algorithm.initial_sampling_policy)")
     one_by_one = parts.env_factory.without_vectorization()  # no autoreset steps: every step is a transition
     actors = parts.make_actors(policy=policy, n_rollout_steps=hp.n_rollout_steps, env_factory=one_by_one,
                                batch_size=hp.rollouts_per_iteration, initial_policy=initial_sampling_policy_or_random(policy, initial))
