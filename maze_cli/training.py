@@ -1,6 +1,6 @@
 """The learner loop, the same for every backend and algorithm: iterate, log at epoch end, stop on budget.
 
-An algorithm supplies a `TrainingLoop`: one `iteration()` takes experience from its actors or
+An algorithm supplies a `Loop` (maze_cli.algorithms.contract): one `iteration()` takes experience from its actors or
 workers, learns from it and publishes new weights. The Trainer owns epochs, budgets and stats.
 """
 
@@ -11,11 +11,13 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from maze_cli.algorithms.contract import Loop
+from maze_cli.budget import Budget, EvalSchedule
 from maze_cli.distributed import CONTINUE, EPOCH_END, SNAPSHOT, STOP, LearnerGroup
 from maze_cli.envs.info_stats import epoch_means, event_name
 from maze_cli.errors import ConfigError
@@ -25,73 +27,6 @@ from maze_cli.stats.aggregator import EpochStatsAggregator
 from maze_cli.stats.writers import StatsWriter
 
 log = logging.getLogger("maze_cli")
-
-
-class TrainingLoop(Protocol):
-    """One algorithm's way of turning experience into updates."""
-
-    actor_stats: EpochStatsAggregator  # episode_return, episode_length, policy_lag, actor_* timings
-    learner_stats: EpochStatsAggregator  # learner/* (averaged), time/* (summed), anything else (averaged)
-
-    def iteration(self) -> int:
-        """Take experience, learn, broadcast; return the env steps consumed."""
-
-    def updates(self) -> int:
-        """Gradient updates so far."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """What the loop itself must carry across a resume (plain numbers), beside the learner's state."""
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-@dataclass(frozen=True)
-class Budget:
-    """When a run stops: whichever limit is reached first."""
-
-    max_env_steps: int
-    max_time_s: float | None = None
-    target_return: float | None = None
-    target_window: int = 100
-    epoch_length: int = 20
-
-
-@dataclass
-class EvalSchedule:
-    """When the trainer evaluates: at the end of every `interval`-th epoch, or, where
-    `interval_env_steps` or `interval_s` is set, at the end of the first epoch that many env steps
-    or seconds after the last evaluation (whichever comes first), so that the cadence does not hang
-    on an algorithm's epoch length; and at the run's last epoch. `interval=0`: never.
-    `spent_s` sums the seconds spent evaluating: the row's `time/eval_share` is its share of the run."""
-
-    interval: int = 0
-    interval_env_steps: int | None = None
-    interval_s: float | None = None
-    last_env_steps: int = 0
-    last_time_s: float = 0.0
-    spent_s: float = 0.0
-
-    @property
-    def on(self) -> bool:
-        return self.interval > 0
-
-    def due(self, epoch: int, env_steps: int, time_s: float) -> bool:
-        if not self.on:
-            return False
-        if self.interval_env_steps is None and self.interval_s is None:
-            return epoch % self.interval == 0
-        return ((self.interval_env_steps is not None and env_steps - self.last_env_steps >= self.interval_env_steps)
-                or (self.interval_s is not None and time_s - self.last_time_s >= self.interval_s))
-
-    def evaluated(self, env_steps: int, time_s: float, seconds: float) -> None:
-        self.last_env_steps, self.last_time_s = env_steps, time_s
-        self.spent_s += seconds
-
-    def state_dict(self) -> dict[str, float]:
-        return {"last_env_steps": self.last_env_steps, "last_time_s": self.last_time_s, "spent_s": self.spent_s}
-
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        self.last_env_steps, self.last_time_s, self.spent_s = state["last_env_steps"], state["last_time_s"], state["spent_s"]
 
 
 @dataclass
@@ -108,7 +43,7 @@ class Trainer:
 
     def __init__(
         self,
-        loop: TrainingLoop,
+        loop: Loop,
         budget: Budget,
         writers: Sequence[StatsWriter],
         progress: bool | None = None,
@@ -428,7 +363,7 @@ class Trainer:
         return {k: v for k, v in stats.items() if v is not None}
 
 
-def follow(loop: TrainingLoop, group: LearnerGroup, checkpoint_state: Callable[[], Any] | None = None) -> None:
+def follow(loop: Loop, group: LearnerGroup, checkpoint_state: Callable[[], Any] | None = None) -> None:
     """What a learner other than learner 0 does: iterate in step with it (gradients are averaged
     inside each update) until it says stop; at each epoch's end send it this epoch's episodes and
     actor stats, which its row counts, and, when it asks (SNAPSHOT: a checkpoint of a reproducible

@@ -13,7 +13,8 @@ from torch import nn
 from maze_cli.cli.build import learner_threads
 from maze_cli.cli.session import _background_eval
 from maze_cli.evaluation import BackgroundEvaluation, Snapshot
-from maze_cli.training import Budget, Trainer
+from maze_cli.budget import Budget
+from maze_cli.training import Trainer
 from tests.cli import run_train
 from tests.test_train import read_stats
 from tests.test_trainer import FakeLoop, FakeWriter

@@ -165,7 +165,8 @@ def build(overrides: list[str]):
 
 def test_a_restored_run_has_bit_identical_learner_state_and_continues_its_rng_streams(tmp_path):
     from maze_cli.checkpoint import Checkpointer
-    from maze_cli.training import Budget, Trainer
+    from maze_cli.budget import Budget
+    from maze_cli.training import Trainer
 
     overrides = ["+env=cartpole", "runner=sequential", "policy.hidden_sizes=[8]", "runner.envs_per_actor=4"]
     run = build(overrides)

@@ -9,7 +9,8 @@ import pytest
 
 from maze_cli import training
 from maze_cli.stats.aggregator import EpochStatsAggregator
-from maze_cli.training import Budget, Trainer
+from maze_cli.budget import Budget
+from maze_cli.training import Trainer
 
 
 class FakeClock:
@@ -56,7 +57,7 @@ SAFETY_STEPS = 1000  # 100 updates: a run that misses its stop condition fails f
 
 
 class FakeLoop:
-    """A TrainingLoop whose every iteration consumes `steps` env steps and ends the episodes you script.
+    """A Loop (maze_cli.algorithms.contract) whose every iteration consumes `steps` env steps and ends the episodes you script.
 
     `returns` maps an update's number (1, 2, ...) to the returns of the episodes that end in it;
     after the script runs out no more episodes end.

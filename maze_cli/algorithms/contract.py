@@ -169,12 +169,19 @@ class Runner(Protocol):
 
 
 class Loop(Protocol):
-    """What the trainer drives: iterations (each returns the env steps it consumed) and the stats they leave."""
+    """What the trainer drives (maze_cli.loops): iterations, each returning the env steps it consumed,
+    and the stats they leave."""
 
-    actor_stats: "EpochStatsAggregator"
-    learner_stats: "EpochStatsAggregator"
+    actor_stats: "EpochStatsAggregator"  # episode_return, episode_length, policy_lag, actor_* timings
+    learner_stats: "EpochStatsAggregator"  # learner/* (averaged), time/* (summed), anything else (averaged)
 
-    def iteration(self) -> int: ...
-    def updates(self) -> int: ...
-    def state_dict(self) -> StateDict: ...
+    def iteration(self) -> int:
+        """Take experience, learn, broadcast; return the env steps consumed."""
+
+    def updates(self) -> int:
+        """Gradient updates so far."""
+
+    def state_dict(self) -> StateDict:
+        """What the loop itself must carry across a resume (plain numbers), beside the learner's state."""
+
     def load_state_dict(self, state: StateDict) -> None: ...

@@ -40,7 +40,8 @@ from maze_cli.seeding import derive_seed, derive_seeds, deterministic_torch, see
 from maze_cli.start_methods import warm_up_start_method
 from maze_cli.stats.plots import draw_learning_curve, start_learning_curve
 from maze_cli.stats.writers import ConsoleTable, JsonlWriter, StatsWriter, TensorBoardWriter, WritesTo
-from maze_cli.training import Budget, Trainer, TrainResult
+from maze_cli.budget import Budget
+from maze_cli.training import Trainer, TrainResult
 from maze_cli.video import EvalVideos, render_env_config
 from maze_cli.warm_start import warm_start
 
