@@ -21,7 +21,6 @@ import logging
 import multiprocessing as mp
 import multiprocessing.connection
 import time
-import traceback
 from typing import Any, Callable
 
 import gymnasium as gym
@@ -29,121 +28,18 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers torch's shared-memory pickling)
 from torch import nn
 
-from maze_cli.envs.mujoco import quiet_env_library_warnings
 from maze_cli.envs.source import EnvSource
-from maze_cli.parallel.actor_loop import Actor
 from maze_cli.parallel.distributed_actors import DistributedActors, takes_actor_options
 from maze_cli.parallel.requests import OpenRequests
 from maze_cli.parallel.schedule import Job
 from maze_cli.parallel.shared_memory import CHOICES, SharedTensors, memory_for, place, size_in_file
 from maze_cli.parallel.shared_weights import SharedWeights
-from maze_cli.records import Rollout, RolloutSpec
+from maze_cli.parallel.subproc_actor import POLL_S, actor_process, allocate_slots
+from maze_cli.records import Rollout
 from maze_cli.start_methods import check_start_method, warm_up_start_method
 
 log = logging.getLogger("maze_cli")
-_POLL_S = 0.2
 _JOIN_TIMEOUT_S = 5.0
-
-
-def _send(connection, message) -> bool:
-    """Send to the learner over this actor's own pipe; False if the learner is gone."""
-    try:
-        connection.send(message)
-        return True
-    except (BrokenPipeError, EOFError, OSError):
-        return False
-
-
-def _get(connection, stopping) -> int | tuple[int, int] | None:
-    """The next slot the learner requests (reproducible mode: with the policy version to fill it with);
-    None once the run stops (`stopping`, a flag in shared memory read without a lock) or the learner is gone."""
-    parent = mp.parent_process()
-    while not stopping.value:
-        try:
-            if connection.poll(_POLL_S):
-                return connection.recv()
-        except (EOFError, OSError):
-            return None
-        if parent is not None and not parent.is_alive():
-            return None
-    return None
-
-
-def _snapshot_or_error(actor: Actor) -> bytes | str:
-    """The actor's snapshot, or why it could not be taken (the learner says it once)."""
-    try:
-        return actor.snapshot()
-    except Exception as err:
-        return f"{type(err).__name__}: {err}"
-
-
-def _allocate_slots(spec: RolloutSpec, n_slots: int, memory) -> Rollout:
-    """The pool of `n_slots` rollout records in `memory` (a function, so a child can map it again)."""
-    return spec.allocate(n_slots=n_slots, memory=memory)
-
-
-def actor_process(
-    index: int,
-    env_factory: EnvSource,
-    policy: nn.Module,
-    spec: RolloutSpec,
-    slots: SharedTensors,
-    requests,
-    outbox,
-    weights: list[SharedWeights],
-    stopping,
-    env_seed: int,
-    agent_seed: int,
-    initial_policy: nn.Module | None,
-    generation: int,
-    snapshot: bytes | None = None,
-    run_envs: tuple[range, int] | None = None,
-) -> None:
-    """The body of one actor subprocess: take a requested slot from its own pipe, pull weights if
-    newer, fill the slot, send its index back through its own pipe. `weights` is one buffer holding
-    the newest version, or in reproducible mode a ring (version v in buffer v % len) from which each
-    request names the version to act with. A request "snapshot" asks for the actor's state
-    (`Actor.snapshot`), which a resumed run hands back as `snapshot`.
-
-    `generation` counts the actor's restarts; its error report carries it, so that a report from a
-    process the learner already replaced is not counted twice."""
-    quiet_env_library_warnings()  # the learner's process shows them, once
-    torch.set_num_threads(1)
-    slots = slots.value  # the pool of rollout slots, mapped from /dev/shm or the learner's file
-    actor = None
-    slot = None  # the slot this actor holds, handed back with an error report
-    try:
-        actor = Actor(index, env_factory, policy, spec.n_envs, spec.n_steps, env_seed, agent_seed, initial_policy, snapshot, run_envs)
-        while not stopping.value:
-            t0 = time.perf_counter()
-            request = _get(requests, stopping)
-            if request is None:
-                break
-            if request == "snapshot":
-                if not _send(outbox, ("snapshot", index, _snapshot_or_error(actor), generation)):
-                    break
-                continue
-            wait = time.perf_counter() - t0
-            slot, version = request if isinstance(request, tuple) else (request, None)
-            # After taking the slot: an on-policy learner publishes before it hands out slots.
-            if version is None and weights[0].version != actor.policy_version:
-                actor.policy_version = weights[0].pull(actor.policy)
-            elif version is not None and version != actor.policy_version:
-                weights[version % len(weights)].pull(actor.policy)
-                actor.policy_version = version
-            info = actor.collect(slots.slot(slot))
-            info.timings["actor_wait_s"] = wait
-            if not _send(outbox, ("rollout", slot, info, generation)):
-                break
-            slot = None
-    except KeyboardInterrupt:
-        pass
-    except Exception:
-        _send(outbox, ("error", index, generation, slot, traceback.format_exc()))
-    finally:
-        if actor is not None:
-            actor.close()
-        outbox.close()
 
 
 class SubprocDistributedActors(DistributedActors):
@@ -200,13 +96,13 @@ class SubprocDistributedActors(DistributedActors):
             n_slots = (self.schedule.lag + 1) * self.batch_size
         else:
             n_slots = self.batch_size + self.n_actors if self.on_policy else self.queue_size + self.n_actors
-        allocate_slots = functools.partial(_allocate_slots, self.rollout_spec, n_slots)
-        slots_bytes, weights_bytes = size_in_file([allocate_slots]), SharedWeights.size_in_file(self.policy)
+        allocate = functools.partial(allocate_slots, self.rollout_spec, n_slots)
+        slots_bytes, weights_bytes = size_in_file([allocate]), SharedWeights.size_in_file(self.policy)
         n_weights = self.schedule.versions_kept if self.schedule else 1
         needed = slots_bytes + n_weights * weights_bytes
         directory = place(self.shared_memory, needed, "runner.envs_per_actor, algorithm.n_rollout_steps or runner.n_actors")
         self._memories = [memory_for(directory, slots_bytes)] + [memory_for(directory, weights_bytes) for _ in range(n_weights)]
-        self._slots = SharedTensors(allocate_slots, self._memories[0])
+        self._slots = SharedTensors(allocate, self._memories[0])
         self.slots = self._slots.value
         total = self.slots.nbytes
         log.info(f"shared memory{'' if directory is None else f' (a file in {directory})'}: {total / n_slots / 2**20:.2f} MiB per "
@@ -349,7 +245,7 @@ class SubprocDistributedActors(DistributedActors):
         while not self._received:
             if self.on_policy and not self.schedule:
                 self._hand_out(received)
-            self._receive(timeout=_POLL_S)
+            self._receive(timeout=POLL_S)
             if not self._received:
                 self._check_alive()
                 self._check_silent()
@@ -406,7 +302,7 @@ class SubprocDistributedActors(DistributedActors):
         snapshots: dict[int, bytes | str] = {}
         while len(snapshots) < self.n_actors:
             if not self._received:
-                self._receive(timeout=_POLL_S)
+                self._receive(timeout=POLL_S)
                 self._check_alive()  # one that died is restarted: the run is then no longer reproducible
             if self._diverged:
                 raise RuntimeError("an actor failed while its state was saved")
