@@ -31,9 +31,22 @@ def render_env_config(env_config: Mapping[str, Any]) -> dict[str, Any]:
     config = dict(env_config)
     if config.get("id"):
         config["kwargs"] = {**(config.get("kwargs") or {}), "render_mode": "rgb_array"}
-    else:
+    elif _takes_render_mode(config.get("_target_")):  # else it cannot render: recording says so in one line
         config["render_mode"] = "rgb_array"
     return config
+
+
+def _takes_render_mode(target: str | None) -> bool:
+    """Whether a `_target_` callable takes a `render_mode` argument (by name or as **kwargs)."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    try:
+        parameters = inspect.signature(get_object(target)).parameters
+    except Exception:  # noqa: BLE001 - not importable or no signature: building the env names the problem
+        return True
+    return "render_mode" in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 def record_episode(env_factory: Callable, policy: nn.Module, seed: int, deterministic: bool = True, device: str = "cpu") -> list[np.ndarray]:

@@ -23,7 +23,8 @@ from maze_cli.config.settings import Settings, validate
 from maze_cli.distributed import LearnerGroup, backend_for
 from maze_cli.errors import ConfigError
 from maze_cli.parallel.learners import LearnerBody, LearnerProcesses, LearnerTask, RayLearners
-from maze_cli.parallel.ray_backend import RayDistributedActors, connect
+from maze_cli.parallel.ray_backend import RayDistributedActors
+from maze_cli.parallel.ray_cluster import connect
 from maze_cli.seeding import derive_seed, deterministic_torch, seed_everything
 from maze_cli.start_methods import default_start_method
 from maze_cli.training import follow

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from maze_cli.distributed import GroupSpec, LearnerFailure, main_store, silent_learners
 from maze_cli.errors import ConfigError, MazeCliError, first_line
-from maze_cli.parallel.ray_backend import _died_reason, shortfall
+from maze_cli.parallel.ray_cluster import died_reason, shortfall
 
 log = logging.getLogger("maze_cli")
 _STOP_GRACE_S = 10.0  # a learner told to stop has this long to stop its actors before it is killed
@@ -362,4 +362,4 @@ def _ray_reason(err: Exception) -> str:
         return str(cause)
     if cause is not None:
         return f"{type(cause).__name__}: {first_line(cause)}"
-    return _died_reason(err)
+    return died_reason(err)

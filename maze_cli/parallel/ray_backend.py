@@ -15,8 +15,6 @@ This module only tells which of Ray's errors means which failure, and how to rep
 from __future__ import annotations
 
 import logging
-import math
-import os
 import time
 from typing import Any, Callable
 
@@ -24,11 +22,12 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from maze_cli.errors import RAY_MISSING, MazeCliError, first_line
+from maze_cli.errors import MazeCliError, first_line
 from maze_cli.envs.mujoco import quiet_env_library_warnings
 from maze_cli.envs.source import EnvSource
 from maze_cli.parallel.actor_loop import Actor
 from maze_cli.parallel.distributed_actors import DistributedActors, takes_actor_options
+from maze_cli.parallel.ray_cluster import connect, died_reason, import_ray, kill, shortfall
 from maze_cli.parallel.requests import OpenRequests
 from maze_cli.parallel.schedule import Job
 from maze_cli.records import Rollout, RolloutInfo
@@ -42,15 +41,6 @@ _START_S = 60.0  # how long actors the cluster has room for may take to start, w
 
 class ActorsNotPlaced(MazeCliError, RuntimeError):
     """The cluster lacks the resources for some actors; waiting longer would be a hang."""
-
-
-def import_ray():
-    """Ray, or an ImportError that says how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise ImportError(RAY_MISSING) from None
-    return ray
 
 
 class RayActorBody:
@@ -176,7 +166,7 @@ class RayDistributedActors(DistributedActors):
             return
         ray = import_ray()
         for handle in self.handles:
-            _kill(ray, handle)
+            kill(ray, handle)
         self.handles, self.pending, self._open, self._jobs = [], {}, OpenRequests(self.n_actors), {}
         if self._connected:
             ray.shutdown()
@@ -351,14 +341,14 @@ class RayDistributedActors(DistributedActors):
                 self._open.close(index, ref)
                 self._request_job(job)
         except RayActorError as err:  # the process or its node is gone (or its __init__ raised)
-            self._actor_failed(index, f"ray actor died: {_died_reason(err)}")
+            self._actor_failed(index, f"ray actor died: {died_reason(err)}")
         return None
 
     # -- failures ------------------------------------------------------------------------------
     def _restart_actor(self, index: int) -> None:
         """Kill actor `index` (it may be hung, not dead), forget its rollouts in flight, start a fresh one."""
         ray = import_ray()
-        _kill(ray, self.handles[index])
+        kill(ray, self.handles[index])
         dropped = self._open.drop(index)
         for ref in dropped:
             self.pending.pop(ref, None)
@@ -372,52 +362,3 @@ class RayDistributedActors(DistributedActors):
 
 def _indices(indices: list[int]) -> str:
     return ", ".join(map(str, indices))
-
-
-def shortfall(total: dict[str, float], needs: dict[str, float], n: int) -> dict[str, float]:
-    """What `n` of something needing `needs` each would take in all, for each resource the cluster's
-    `total` has less of (empty: the cluster holds them all)."""
-    return {k: v * n for k, v in needs.items() if v and total.get(k, 0.0) < v * n}
-
-
-def connect(address: str | None, cpus_needed: float, needed_by: str) -> bool:
-    """Start or join Ray unless this process already is part of it (a learner's Ray actor, or a
-    `train` that connected for its learners); whether this call connected (and so must shut down).
-
-    address None starts a fresh Ray here ("local"), never an accidental join of a running cluster,
-    with enough CPUs for `cpus_needed`: Ray counts CPUs to place actors, it does not pin them; like
-    runner=subproc, more actors than cores share the cores rather than wait forever for a core."""
-    ray = import_ray()
-    if ray.is_initialized():
-        return False
-    resources: dict[str, Any] = {}
-    if address is None:
-        cores = os.cpu_count() or 1
-        needed = math.ceil(cpus_needed)
-        if needed > cores:
-            log.info(f"local Ray with {needed} CPUs for {needed_by} on {cores} cores: they share the cores")
-        resources["num_cpus"] = max(cores, needed)
-    ray.init(address=address or "local", include_dashboard=False, logging_level=logging.WARNING, configure_logging=False,
-             **resources)
-    return True
-
-
-def _kill(ray, handle) -> None:
-    try:
-        ray.kill(handle, no_restart=True)
-    except Exception:  # already gone
-        pass
-
-
-def _died_reason(err: Exception) -> str:
-    """Ray's account of an actor's death, short: the traceback when its `__init__` raised, else
-    which process died and Ray's exit detail (without Ray's general advice around it)."""
-    import re
-
-    text = str(err).strip()
-    if "creation task" in text or not text:
-        return text or type(err).__name__
-    pid, ip = re.search(r"\bpid: (\d+)", text), re.search(r"\bip: (\S+)", text)
-    detail = re.search(r"Worker exit detail: (.*?)(?: Some common causes|$)", text, re.S)
-    where = f"process {pid.group(1)} on {ip.group(1)}" if pid and ip else "its process"
-    return f"{where} is gone" + (f" ({detail.group(1).strip()})" if detail else f": {text.splitlines()[0]}")
