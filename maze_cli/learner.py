@@ -1,7 +1,7 @@
 """The learner: what every algorithm's update has in common, written once.
 
 An algorithm brings its losses (the math, beside the paper's equations) as an `Objective`
-(maze_cli/algorithms/contract.py): its modules, its optimizer groups and the steps of a batch, each
+(maze_cli/contract.py): its modules, its optimizer groups and the steps of a batch, each
 a set of named losses with metrics. The `Learner` owns everything else an update does:
 
 - the optimizers and their state, one per named group of parameters (IMPALA and PPO: one; SAC:
@@ -31,8 +31,8 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 from torch import nn
 
-from maze_cli.algorithms.contract import Objective, Step, UpdateContext
-from maze_cli.algorithms.optim import Adam
+from maze_cli.contract import Objective, Step, UpdateContext
+from maze_cli.optim import Adam
 from maze_cli.distributed import LearnerGroup
 from maze_cli.errors import NonFiniteLoss
 from maze_cli.precision import CUDA_GRAPH_MODES, PRECISIONS, CompiledFunction, auto_precision, grad_scaler

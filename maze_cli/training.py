@@ -1,6 +1,6 @@
 """The learner loop, the same for every backend and algorithm: iterate, log at epoch end, stop on budget.
 
-An algorithm supplies a `Loop` (maze_cli.algorithms.contract): one `iteration()` takes experience from its actors or
+An algorithm supplies a `Loop` (maze_cli.contract): one `iteration()` takes experience from its actors or
 workers, learns from it and publishes new weights. The Trainer owns epochs, budgets and stats.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from maze_cli.algorithms.contract import Loop
+from maze_cli.contract import Loop
 from maze_cli.budget import Budget, EvalSchedule
 from maze_cli.distributed import CONTINUE, EPOCH_END, SNAPSHOT, STOP, LearnerGroup
 from maze_cli.envs.info_stats import epoch_means, event_name

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from maze_cli.algorithms.optim import Adam, adam
+from maze_cli.optim import Adam, adam
 
 
 def train_both(ours: Adam, theirs: torch.optim.Optimizer, a: torch.nn.Module, b: torch.nn.Module, steps: int = 20) -> None:
@@ -61,7 +61,7 @@ def test_adam_skips_frozen_parameters():
 
 
 def test_building_and_stepping_adam_does_not_import_torch_dynamo():
-    code = ("import sys, torch; from maze_cli.algorithms.optim import adam; m = torch.nn.Linear(2, 1); o = adam(m.parameters(), 0.1); "
+    code = ("import sys, torch; from maze_cli.optim import adam; m = torch.nn.Linear(2, 1); o = adam(m.parameters(), 0.1); "
             "m(torch.ones(1, 2)).sum().backward(); torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0); o.step(); "
             "print('torch._dynamo' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -57,7 +57,7 @@ SAFETY_STEPS = 1000  # 100 updates: a run that misses its stop condition fails f
 
 
 class FakeLoop:
-    """A Loop (maze_cli.algorithms.contract) whose every iteration consumes `steps` env steps and ends the episodes you script.
+    """A Loop (maze_cli.contract) whose every iteration consumes `steps` env steps and ends the episodes you script.
 
     `returns` maps an update's number (1, 2, ...) to the returns of the episodes that end in it;
     after the script runs out no more episodes end.

@@ -4,7 +4,7 @@ An algorithm is one file plus one config file. Its class subclasses its config d
 single source of its defaults, registered with Hydra) and `Algorithm`, and builds its `Run` from the
 `Components` the builder made from the other config groups: the env, the policy network's config,
 and factories for the actors and the replay buffer. It never reads the config itself. Its update is
-an `Objective` (maze_cli/algorithms/contract.py) that a `Learner` runs, inside one of the two loops.
+an `Objective` (maze_cli/contract.py) that a `Learner` runs, inside one of the two loops.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import gymnasium as gym
 from maze_cli.envs.source import EnvSource
 
 if TYPE_CHECKING:
-    from maze_cli.algorithms.contract import Loop, Runner
+    from maze_cli.contract import Loop, Runner
     from maze_cli.buffers import ReplayBuffer
     from maze_cli.distributed import LearnerGroup
     from maze_cli.learner import Learner
