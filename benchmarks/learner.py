@@ -38,7 +38,7 @@ def build(overrides: list[str]):
     """The run's learner, and a function that makes one update on a fixed real batch."""
     from maze_cli.cli.build import build_run, check_env
     from maze_cli.cli.paths import compose_train
-    from maze_cli.config.settings import validate
+    from maze_cli.cli.settings import validate
 
     cfg = compose_train([*overrides, "runner=sequential", "runner.n_actors=2"])
     settings = validate(cfg, [])

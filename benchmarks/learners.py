@@ -39,7 +39,7 @@ def _build(overrides: list[str], group=None):
     """The run's learner (joined to `group`) and one real batch for it."""
     from maze_cli.cli.build import build_run, check_env
     from maze_cli.cli.paths import compose_train
-    from maze_cli.config.settings import validate
+    from maze_cli.cli.settings import validate
 
     cfg = compose_train([*overrides, "runner=sequential", "runner.n_actors=2", "learner.precision=fp32"])
     settings = validate(cfg, [])

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from maze_cli.errors import CheckpointError, ConfigError
+from maze_cli.errors import CheckpointError
 
 
 def load_played(path: Path, allow: Sequence[str], trust: bool):
@@ -23,21 +23,7 @@ def load_played(path: Path, allow: Sequence[str], trust: bool):
         raise CheckpointError(f"{where}: the checkpoint names no env (config.env)")
     check_env_callables(env_config, allow, trust, where, "the checkpoint")
     policy = policy_from_payload(payload, list(allow), trust, where)
-    return payload, policy, _env_for(policy, env_config, payload["config"].get("policy"), where)
-
-
-def load_model_played(path: Path, allow: Sequence[str], trust: bool):
-    """(policy, env factory) of a model `export-policy` wrote: its env from the config in its metadata,
-    under the same allow-list as a checkpoint's."""
-    from maze_cli.export.play import ExportedModelPolicy
-
-    where = f"model={path}"
-    policy = ExportedModelPolicy(path)
-    check_env_callables(policy.env_config, allow, trust, where, "the model's metadata")
-    if policy.group is not None:
-        raise ConfigError(f"{where}: the model of policy group '{policy.group}' plays only its group's agents; "
-                          f"rollout plays every agent: play the checkpoint instead")
-    return policy, _env_for(policy, policy.env_config, policy.policy_config, where)
+    return payload, policy, env_for_policy(policy, env_config, payload["config"].get("policy"), where)
 
 
 def check_env_callables(env_config: dict, allow: Sequence[str], trust: bool, where: str, named_by: str) -> None:
@@ -51,7 +37,7 @@ def check_env_callables(env_config: dict, allow: Sequence[str], trust: bool, whe
                               f"Allow it by name with allow=[{','.join(refused)}], or trust_checkpoint=true (runs code from the file)")
 
 
-def _env_for(policy, env_config: dict, policy_config: dict | None, where: str):
+def env_for_policy(policy, env_config: dict, policy_config: dict | None, where: str):
     """The env factory of the run, checked to have the spaces the policy acts in."""
     from maze_cli.envs.factory import EnvFactory
     from maze_cli.policies.blueprint import check_spaces

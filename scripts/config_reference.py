@@ -34,9 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(REPO))
 
+from maze_cli.cli.settings import discover_components  # noqa: E402
 from maze_cli.config import fields, schema  # noqa: E402
 
-schema.discover_components()  # the algorithms' schemas, registered by their files
+discover_components()  # the algorithms' schemas, registered by their files
 
 PAGE = REPO / "docs" / "reference" / "config.md"
 CONF = REPO / "conf"

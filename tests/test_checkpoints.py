@@ -157,7 +157,7 @@ def test_rng_streams_continue_identically_after_a_round_trip_through_a_file(tmp_
 def build(overrides: list[str]):
     from maze_cli.cli.build import build_run, check_env
     from maze_cli.cli.paths import compose_train
-    from maze_cli.config import validate
+    from maze_cli.cli.settings import validate
 
     settings = validate(compose_train(overrides), [])
     return build_run(settings, *check_env(settings))

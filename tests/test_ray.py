@@ -223,7 +223,7 @@ def test_without_ray_installed_runner_ray_says_how_to_install(monkeypatch):
     import importlib.util
 
     from maze_cli.cli.paths import compose_train
-    from maze_cli.config import settings as schema
+    from maze_cli.cli import settings as schema
 
     cfg = compose_train(["+env=cartpole", "runner=ray"])
     real = importlib.util.find_spec

@@ -67,7 +67,7 @@ def test_explicit_actor_seeds_override_the_derived_ones():
     from maze_cli.cli.build import build_run, check_env
     from maze_cli.algorithms.impala import ImpalaConfig
     from maze_cli.config.schema import MlpPolicyConfig, SubprocRunnerConfig, TrainConfig, UniformReplayConfig
-    from maze_cli.config.settings import Settings
+    from maze_cli.cli.settings import Settings
     from maze_cli.seeding import derive_seeds
 
     runner = SubprocRunnerConfig(n_actors=2, envs_per_actor=8, actor_env_seeds=[21, 22])
@@ -152,7 +152,7 @@ def test_the_console_shows_a_row_at_most_every_interval_and_always_the_last(capl
 def test_keys_left_null_take_the_algorithms_defaults(args, envs, evals):
     from maze_cli.cli.build import build_run, check_env
     from maze_cli.cli.paths import compose_train
-    from maze_cli.config import validate
+    from maze_cli.cli.settings import validate
 
     settings = validate(compose_train(args + ["runner=sequential"]), [])
     factory, obs_space, act_space = check_env(settings)

@@ -18,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
-from maze_cli.config.settings import Settings
+from maze_cli.cli.settings import Settings
 from maze_cli.envs.factory import EnvFactory
 from maze_cli.errors import ConfigError
 from maze_cli.seeding import derive_seed, derive_seeds

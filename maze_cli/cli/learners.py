@@ -18,8 +18,7 @@ from omegaconf import OmegaConf
 
 from maze_cli.checkpoint import follower_state, restore_follower_state
 from maze_cli.cli.build import build_run, check_env, learner_threads, trusted_targets
-from maze_cli.config.schema import register_configs
-from maze_cli.config.settings import Settings, validate
+from maze_cli.cli.settings import Settings, register_configs, validate
 from maze_cli.distributed import LearnerGroup, backend_for
 from maze_cli.errors import ConfigError
 from maze_cli.parallel.learners import LearnerBody, LearnerProcesses, LearnerTask, RayLearners

@@ -22,7 +22,7 @@ def compose_train(overrides: Sequence[str]) -> DictConfig:
     code that builds a run's parts without starting the CLI, such as the benchmarks of one learner."""
     from hydra import compose, initialize_config_dir
 
-    from maze_cli.config import register_configs
+    from maze_cli.cli.settings import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):

@@ -73,7 +73,8 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     from maze_cli.evaluation import run_episodes, seeded_sampling
     from maze_cli.seeding import derive_seeds
 
-    from maze_cli.playing import load_model_played, load_played
+    from maze_cli.export.play import load_model_played
+    from maze_cli.playing import load_played
 
     path = Path(cfg.checkpoint or cfg.model)
     if cfg.model is not None:

@@ -27,7 +27,7 @@ from maze_cli.cli.learners import start_other_learners
 from maze_cli.cli.paths import RUN_DIR_FIX
 from maze_cli.cli.sweep import objective
 from maze_cli.config.schema import TrainConfig
-from maze_cli.config.settings import Settings
+from maze_cli.cli.settings import Settings
 from maze_cli.disk import DiskFull, check_writable_dir, is_disk_full, quiet_full_disk_in_log_files
 from maze_cli.distributed import LearnerFailure, LearnerGroup
 from maze_cli.envs.factory import EnvFactory

@@ -26,8 +26,7 @@ from maze_cli.cli.errors import explain, exit_code
 from maze_cli.cli.help_page import register_help_resolver
 from maze_cli.cli.paths import RUN_DIR_FIX, config_dir
 from maze_cli.cli.sweep import objective
-from maze_cli.config.schema import register_configs
-from maze_cli.config.settings import NoEnvError, validate
+from maze_cli.cli.settings import NoEnvError, register_configs, validate
 from maze_cli.disk import STOPPED_BY_FULL_DISK, DiskFull, is_unwritable, unwritable_message
 from maze_cli.errors import ConfigError
 from maze_cli.interrupts import Terminated

@@ -1,6 +1,7 @@
-"""The run's configuration: schemas (the defaults), their registration with Hydra, validation."""
+"""The run's configuration: each key's declaration (fields.py), the schemas of the packaged options and
+their defaults (schema.py), and the check of one section (validation.py). The whole run's config is
+composed and checked by the command (maze_cli.cli.settings)."""
 
-from maze_cli.config.schema import SCHEMAS, TrainConfig, register_configs
-from maze_cli.config.settings import Settings, validate
+from maze_cli.config.schema import SCHEMAS, TrainConfig
 
-__all__ = ["SCHEMAS", "Settings", "TrainConfig", "register_configs", "validate"]
+__all__ = ["SCHEMAS", "TrainConfig"]

@@ -4,10 +4,11 @@ Every option of a component group (algorithm, policy, runner, replay_buffer) is 
 `_target_` names the class Hydra's `instantiate` builds and whose other fields are that class's
 arguments. They are registered in Hydra's ConfigStore (`register_configs`); the packaged YAML files
 extend them through their defaults list and hold only what differs. An algorithm's schema sits in its
-own file (maze_cli/algorithms/<name>.py) and registers itself there (`register_schema`).
+own file (maze_cli/algorithms/<name>.py) and registers itself there (`register_schema`) when the
+command imports the algorithms (`maze_cli.cli.settings.register_configs`): nothing here imports them.
 
 Each key is declared with its type, limits, default and help (maze_cli.config.fields);
-`validate` (maze_cli.config.settings) checks a run's config against them. Nothing here imports torch; the algorithms' files,
+`validate` (maze_cli.cli.settings) checks a run's config against them. Nothing here imports torch; the algorithms' files,
 imported to register their schemas, do.
 """
 
@@ -305,30 +306,6 @@ def register_schema(group: str, name: str, schema: type) -> None:
     """Make `schema` the packaged option `<group>=<name>` (its YAML, conf/<group>/<name>.yaml, extends
     `<name>_schema`). An algorithm's file calls this for its own config, beside its code."""
     SCHEMAS[group][name] = schema
-
-
-def discover_components() -> None:
-    """Import every module of maze_cli.algorithms, so that each algorithm registers its schema
-    (idempotent: Python imports a module once)."""
-    import importlib
-    import pkgutil
-
-    import maze_cli.algorithms as package
-
-    for module in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{package.__name__}.{module.name}")
-
-
-def register_configs() -> None:
-    """Put every schema into Hydra's ConfigStore (idempotent; called before composing)."""
-    from hydra.core.config_store import ConfigStore
-
-    discover_components()
-    store = ConfigStore.instance()
-    store.store(name="train_schema", node=TrainRootConfig)
-    for group, options in SCHEMAS.items():
-        for option, option_schema in options.items():
-            store.store(group=group, name=f"{option}_schema", node=option_schema)
 
 
 def known_keys(section: str | None) -> list[str]:

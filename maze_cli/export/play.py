@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -15,6 +16,7 @@ from torch import nn
 from maze_cli.errors import ConfigError, first_line
 from maze_cli.export.contract import ACTION, FORMAT, STATE, STATE_OUT, observation_inputs
 from maze_cli.export.formats import load_model
+from maze_cli.playing import check_env_callables, env_for_policy
 from maze_cli.policies.base import Observations, State
 
 
@@ -75,3 +77,15 @@ class ExportedModelPolicy(nn.Module):
             actions = actions - (self._action_start if actions.ndim > 1 else self._action_start[0])
         next_state = (torch.from_numpy(outputs[STATE_OUT]),) if self.state_size else ()
         return torch.from_numpy(actions), torch.zeros(len(actions)), next_state
+
+
+def load_model_played(path: Path, allow: Sequence[str], trust: bool):
+    """(policy, env factory) of a model `export-policy` wrote: its env from the config in its metadata,
+    under the same allow-list as a checkpoint's."""
+    where = f"model={path}"
+    policy = ExportedModelPolicy(path)
+    check_env_callables(policy.env_config, allow, trust, where, "the model's metadata")
+    if policy.group is not None:
+        raise ConfigError(f"{where}: the model of policy group '{policy.group}' plays only its group's agents; "
+                          f"rollout plays every agent: play the checkpoint instead")
+    return policy, env_for_policy(policy, policy.env_config, policy.policy_config, where)

@@ -1,4 +1,5 @@
-"""The run's config as checked before anything starts: `validate` turns the composed config into
+"""The run's config as composed and checked before anything starts: the schemas registered with Hydra
+(`register_configs`, the algorithms' among them), and `validate` turns the composed config into
 `Settings` (the top level as a typed object, each group resolved), or raises a ConfigError naming the
 first bad key. Packaged options are checked against their schemas, a user's own class against its
 signature, trackers and callbacks against theirs; the runner's cross-key rules are checked here too."""
@@ -13,10 +14,35 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from maze_cli.config.schema import OWN_KEYS, SCHEMAS, TrainConfig, discover_components
+from maze_cli.config.schema import OWN_KEYS, SCHEMAS, TrainConfig, TrainRootConfig
 from maze_cli.config.validation import check_arguments, validate_section
 from maze_cli.errors import RAY_MISSING, ConfigError
 from maze_cli.start_methods import check_start_method
+
+
+def discover_components() -> None:
+    """Import every module of maze_cli.algorithms, so that each algorithm registers its schema
+    (idempotent: Python imports a module once)."""
+    import importlib
+    import pkgutil
+
+    import maze_cli.algorithms as package
+
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{module.name}")
+
+
+def register_configs() -> None:
+    """Put every schema into Hydra's ConfigStore (idempotent; called before composing)."""
+    from hydra.core.config_store import ConfigStore
+
+    discover_components()
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=TrainRootConfig)
+    for group, options in SCHEMAS.items():
+        for option, option_schema in options.items():
+            store.store(group=group, name=f"{option}_schema", node=option_schema)
+
 
 
 def validate_group(section: str, values: DictConfig) -> DictConfig:
