@@ -128,8 +128,7 @@ def _train(cfg: DictConfig, settings: Settings, config: dict[str, Any], env_fact
     jsonl, tensorboard = JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")
     files = [ConsoleTable(team=bool(env_factory.agents)), jsonl, tensorboard]
     videos = _eval_videos(settings, run_dir, tensorboard)
-    trainer = _trainer(settings, run, env_factory, files, videos, warm_started, group)
-    trainer.callbacks = callbacks
+    trainer = _trainer(settings, run, env_factory, files, videos, warm_started, group, callbacks)
     checkpointer = _checkpointer(settings, run, trainer, config, run_dir, group)
     if t.resume:
         resume.restore(checkpointer, resumed_from, trainer, jsonl, tensorboard, run_dir)
@@ -212,7 +211,7 @@ def _warm_start(learner, t: TrainConfig, trusted: frozenset[str]) -> bool:
 
 
 def _trainer(settings: Settings, run: Run, env_factory: EnvFactory, files: list[StatsWriter], videos: EvalVideos | None,
-             warm_started: bool, group: LearnerGroup | None) -> Trainer:
+             warm_started: bool, group: LearnerGroup | None, callbacks: Callbacks) -> Trainer:
     """The Trainer: the run's loop under its budget, writing each epoch's row to `files`, evaluating
     the policy on the eval seeds on `eval`'s schedule (recording `videos` when on)."""
     t = settings.train
@@ -237,7 +236,7 @@ def _trainer(settings: Settings, run: Run, env_factory: EnvFactory, files: list[
         background = BackgroundEvaluation(evaluate_snapshot, lambda: run.learner.policy)
     trainer = Trainer(run.loop, budget, files, evaluate=evaluate, eval_interval=t.eval.interval,
                       eval_interval_env_steps=t.eval.interval_env_steps, eval_interval_s=t.eval.interval_s, evaluate_first=warm_started,
-                      group=group, info_keys=list(env_factory.info_stats), background_eval=background)
+                      group=group, info_keys=list(env_factory.info_stats), background_eval=background, callbacks=callbacks)
     return trainer
 
 
