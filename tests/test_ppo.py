@@ -341,3 +341,40 @@ def test_log_std_init_sets_the_gaussians_starting_std_and_checkpoints_keep_the_l
     log_std = policy.log_std.detach()
     assert torch.all((log_std + 1.5).abs() < 0.2), log_std  # a few updates from -1.5, rebuilt without the option
     assert not torch.equal(log_std, torch.full_like(log_std, -1.5))  # ... and the learned value, not the initial one
+
+
+def test_the_clipped_surrogate_loss_equals_the_papers_formula_computed_by_hand():
+    """PPO's minibatch loss against eq. 9 of the paper (with the value and entropy terms), written here
+    from the policy's logits alone: L = -E[min(r A, clip(r, 1-eps, 1+eps) A)] + c_v E[(V - R)^2 / 2] - c_e E[H],
+    A normalized to mean 0 and std 1 over the minibatch."""
+    from maze_cli.algorithms.ppo import Ppo, PpoObjective
+    from maze_cli.policies import ActorCritic, mlp_network
+    from tests import learner_cases
+
+    torch.manual_seed(0)
+    policy = ActorCritic(*learner_cases.CARTPOLE, mlp_network((8,)))
+    hp = Ppo(entropy_coef=0.01, value_coef=0.5, clip_range=0.2)
+    objective = PpoObjective(policy, hp)
+    n = 32
+    obs = torch.randn(1, n, 4)
+    actions = torch.randint(0, 2, (1, n))
+    base_logp = -torch.rand(1, n) - 0.3
+    advantages, returns = torch.randn(1, n), torch.randn(1, n)
+    real = torch.ones(1, n, dtype=torch.bool)
+    loss, metrics = objective.loss({"obs": obs}, (), torch.zeros(1, n, dtype=torch.bool), actions, base_logp,
+                                   torch.ones(1, n), advantages, returns, torch.zeros(1, n), real, real, torch.tensor(0.2))
+
+    out = policy({"obs": obs}, (), torch.zeros(1, n, dtype=torch.bool))
+    log_probs = torch.log_softmax(out.params.float(), dim=-1)
+    logp = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    ratio = (logp - base_logp).exp()
+    a = (advantages - advantages.mean()) / (advantages.std(unbiased=False) + 1e-8)
+    policy_loss = -torch.min(ratio * a, ratio.clamp(0.8, 1.2) * a).mean()
+    v_loss = (0.5 * (out.values.float() - returns) ** 2).mean()
+    entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
+    expected = {"loss": policy_loss + 0.5 * v_loss - 0.01 * entropy, "policy_loss": policy_loss, "value_loss": v_loss,
+                "entropy": entropy, "approx_kl": (ratio - 1 - (logp - base_logp)).mean(),
+                "clip_fraction": ((ratio - 1).abs() > 0.2).float().mean()}
+    for key, value in expected.items():
+        torch.testing.assert_close(metrics[key], value.detach(), rtol=1e-5, atol=1e-6, msg=key)
+    torch.testing.assert_close(loss.detach(), expected["loss"].detach(), rtol=1e-5, atol=1e-6)
