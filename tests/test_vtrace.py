@@ -89,3 +89,44 @@ def test_on_policy_with_lambda_the_targets_are_gae():
         assert torch.allclose(out.vs - values, gae(rewards, values, bootstrap, discounts, lam))
     assert not torch.allclose(vtrace(logp, logp, rewards, values, bootstrap, discounts, lam=0.8).vs,
                               vtrace(logp, logp, rewards, values, bootstrap, discounts).vs)
+
+
+def test_impalas_loss_equals_the_papers_actor_critic_loss_computed_by_hand():
+    """IMPALA's loss (section 4 of the paper) from the policy's logits and values and V-trace's recursion,
+    each written here: v_s - V(x_s) = d_s + gamma_s c_s (v_{s+1} - V(x_{s+1})), d_s = rho_s (r_s + gamma_s V(x_{s+1}) - V(x_s)),
+    A_s = rho_s (r_s + gamma_s v_{s+1} - V(x_s)); L = -E[A log pi] + c_v E[(v - V)^2 / 2] - c_e E[H]."""
+    from maze_cli.algorithms.impala import Impala, ImpalaObjective
+    from maze_cli.policies import ActorCritic, mlp_network
+    from tests import learner_cases
+
+    torch.manual_seed(0)
+    policy = ActorCritic(*learner_cases.CARTPOLE, mlp_network((8,)))
+    hp = Impala(normalize_advantage=False, rho_bar=1.0, c_bar=0.9, entropy_coef=0.01, value_coef=0.5)
+    T, B = 4, 3
+    obs = torch.randn(T + 1, B, 4)
+    starts = torch.zeros(T + 1, B, dtype=torch.bool)
+    actions = torch.randint(0, 2, (T, B))
+    behaviour_logp = -torch.rand(T, B) - 0.3
+    rewards, discounts = torch.randn(T, B), torch.full((T, B), 0.9)
+    discounts[1, 0] = 0.0  # an episode ends after step 1 of env 0
+    real = torch.ones(T, B)
+    _, metrics = ImpalaObjective(policy, hp).loss({"obs": obs}, (), starts, actions, behaviour_logp, rewards, discounts, real)
+
+    out = policy({"obs": obs}, (), starts)
+    log_probs = torch.log_softmax(out.params[:T].float(), -1)
+    logp = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    values = out.values.float().detach()  # V(x_0..x_T)
+    rho = (logp.detach() - behaviour_logp).exp()
+    vs = torch.zeros(T + 1, B)
+    vs[T] = values[T]
+    for s in reversed(range(T)):
+        delta = rho[s].clamp(max=1.0) * (rewards[s] + discounts[s] * values[s + 1] - values[s])
+        vs[s] = values[s] + delta + discounts[s] * rho[s].clamp(max=0.9) * (vs[s + 1] - values[s + 1])
+    advantages = rho.clamp(max=1.0) * (rewards + discounts * vs[1:] - values[:T])
+    policy_loss = -(advantages * logp).mean()
+    value_loss = 0.5 * ((vs[:T] - out.values.float()[:T]) ** 2).mean()
+    entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
+    expected = {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
+                "loss": policy_loss + 0.5 * value_loss - 0.01 * entropy}
+    for key, value in expected.items():
+        torch.testing.assert_close(metrics[key], value.detach().float(), rtol=1e-5, atol=1e-6, msg=key)
