@@ -38,15 +38,15 @@ def render_env_config(env_config: Mapping[str, Any]) -> dict[str, Any]:
 
 def _takes_render_mode(target: str | None) -> bool:
     """Whether a `_target_` callable takes a `render_mode` argument (by name or as **kwargs)."""
-    import inspect
-
     from hydra.utils import get_object
 
+    from maze_cli.config.validation import keyword_arguments
+
     try:
-        parameters = inspect.signature(get_object(target)).parameters
-    except Exception:  # noqa: BLE001 - not importable or no signature: building the env names the problem
+        names = keyword_arguments(get_object(target))
+    except Exception:  # noqa: BLE001 - not importable: building the env names the problem
         return True
-    return "render_mode" in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    return names is None or "render_mode" in names
 
 
 def record_episode(env_factory: Callable, policy: nn.Module, seed: int, deterministic: bool = True, device: str = "cpu") -> list[np.ndarray]:

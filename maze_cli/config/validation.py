@@ -9,7 +9,7 @@ import difflib
 import functools
 import inspect
 import typing
-from typing import Any, Dict, List, Mapping
+from typing import Any, Callable, Dict, List, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
@@ -111,6 +111,17 @@ def _unwrap_optional(tp: Any) -> Any:
     return args[0] if typing.get_origin(tp) is typing.Union and len(args) == 1 else tp
 
 
+def keyword_arguments(obj: Callable) -> list[str] | None:
+    """The arguments `obj` takes by name; None where it takes any (`**kwargs`) or has no signature to read."""
+    try:
+        parameters = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return None
+    return [n for n, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL and n != "self"]
+
+
 def check_arguments(section: str, values: DictConfig | Mapping[str, Any], own: tuple[str, ...] = ()) -> None:
     """The class named by `_target_` exists and accepts every other key but `own` (keys maze_cli reads
     itself and does not pass), so a misspelt key fails before anything starts, not in a subprocess."""
@@ -122,13 +133,9 @@ def check_arguments(section: str, values: DictConfig | Mapping[str, Any], own: t
     except Exception as err:  # noqa: BLE001 - an import error of any kind is the user's to fix
         cause = err.__cause__ or err
         raise ConfigError(f"{section}._target_={target}: cannot import it ({type(cause).__name__}: {first_line(cause)})") from None
-    try:
-        parameters = inspect.signature(obj).parameters
-    except (TypeError, ValueError):
+    names = keyword_arguments(obj)
+    if names is None:
         return
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return
-    names = [n for n, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL and n != "self"]
     for key in values:
         if key != "_target_" and key not in names and key not in own:
             raise ConfigError(f"{section}.{key}: unknown key{suggest(str(key), names)}; {target} takes: {', '.join(names)}")
