@@ -21,7 +21,6 @@ from maze_cli.errors import ConfigError
 log = logging.getLogger("maze_cli")
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # and "auto": see auto_precision
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs on a GPU
 
 
