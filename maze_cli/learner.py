@@ -32,9 +32,9 @@ import torch
 from torch import nn
 
 from maze_cli.contract import Objective, Step, UpdateContext
-from maze_cli.optim import Adam
 from maze_cli.distributed import LearnerGroup
 from maze_cli.errors import NonFiniteLoss
+from maze_cli.optim import Adam
 from maze_cli.precision import CUDA_GRAPH_MODES, PRECISIONS, CompiledFunction, auto_precision, grad_scaler
 from maze_cli.stats.aggregator import EpochStatsAggregator
 

@@ -16,8 +16,8 @@ from typing import Any, Callable, Sequence
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from maze_cli.contract import Loop
 from maze_cli.budget import Budget, EvalSchedule
+from maze_cli.contract import Loop
 from maze_cli.distributed import CONTINUE, EPOCH_END, SNAPSHOT, STOP, LearnerGroup
 from maze_cli.envs.info_stats import epoch_means, event_name
 from maze_cli.errors import ConfigError

@@ -13,11 +13,12 @@ from typing import Any, Iterator
 import torch
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
-from maze_cli.contract import Step, UpdateContext
-from maze_cli.algorithms.on_policy import ActorCriticConfig, ActorCriticObjective, chosen_by_env, normalization, normalized_advantages
+from maze_cli.algorithms.on_policy import (ActorCriticConfig, ActorCriticObjective, chosen_by_env, normalization,
+                                           normalized_advantages)
 from maze_cli.algorithms.returns import vtrace
 from maze_cli.config.fields import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt, key
 from maze_cli.config.schema import register_schema
+from maze_cli.contract import Step, UpdateContext
 from maze_cli.learner import Learner
 from maze_cli.loops import OnPolicyLoop
 from maze_cli.policies.actor_critic import ActorCritic

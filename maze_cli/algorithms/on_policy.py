@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Optional
 import gymnasium as gym
 import torch
 
-from maze_cli.contract import Objective, OptimizerGroup, StateDict, UpdateContext
 from maze_cli.algorithms.returns import bootstrap_truncated
 from maze_cli.config.fields import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt, key
+from maze_cli.contract import Objective, OptimizerGroup, StateDict, UpdateContext
 from maze_cli.normalization import RewardScaler
 from maze_cli.policies.actor_critic import ActorCritic
 from maze_cli.records import Rollout

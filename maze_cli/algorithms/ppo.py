@@ -22,11 +22,12 @@ from typing import Annotated, Any, Iterator, Optional
 import torch
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
-from maze_cli.contract import OptimizerGroup, Step, UpdateContext
-from maze_cli.algorithms.on_policy import ActorCriticConfig, ActorCriticObjective, chosen_by_env, masked_mean, normalization, normalized_advantages
+from maze_cli.algorithms.on_policy import (ActorCriticConfig, ActorCriticObjective, chosen_by_env, masked_mean, normalization,
+                                           normalized_advantages)
 from maze_cli.algorithms.returns import gae, value_forced_steps, vtrace
 from maze_cli.config.fields import Fraction, NonNegativeInt, OneOf, PositiveFloat, PositiveInt, key
 from maze_cli.config.schema import register_schema
+from maze_cli.contract import OptimizerGroup, Step, UpdateContext
 from maze_cli.learner import Learner
 from maze_cli.loops import OnPolicyLoop
 from maze_cli.policies.actor_critic import ActorCritic, shares_network

@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 from maze_cli.algorithms.base import Algorithm, Components, Run
-from maze_cli.contract import Objective, OptimizerGroup, Step, UpdateContext
-from maze_cli.algorithms.replay import ReplayConfig, check_feed_forward, check_single_agent, replay_run
 from maze_cli.algorithms.critics import TwinCritic
+from maze_cli.algorithms.replay import ReplayConfig, check_feed_forward, check_single_agent, replay_run
 from maze_cli.config.fields import Gt, Le, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, key
 from maze_cli.config.schema import register_schema
+from maze_cli.contract import Objective, OptimizerGroup, Step, UpdateContext
 from maze_cli.errors import ConfigError
 from maze_cli.learner import Learner
 from maze_cli.parallel.workers_with_buffer import SampledBatch

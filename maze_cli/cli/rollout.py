@@ -71,10 +71,9 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     from maze_cli.disk import DiskFull, check_writable_dir
     from maze_cli.envs.factory import EnvFactory
     from maze_cli.evaluation import run_episodes, seeded_sampling
-    from maze_cli.seeding import derive_seeds
-
     from maze_cli.export.play import load_model_played
     from maze_cli.playing import load_played
+    from maze_cli.seeding import derive_seeds
 
     path = Path(cfg.checkpoint or cfg.model)
     if cfg.model is not None:
