@@ -142,9 +142,9 @@ def test_a_restarted_actor_reports_its_derived_seeds_in_every_backend(cls, fault
     with pytest.raises(ActorFailure, match="all 1 restarts of runner.max_restarts used") as info, actors:
         for _ in range(20):
             actors.collect_outputs("cpu")
-    assert actors.actor_restarts == [1]
+    assert actors.supervisor.actor_restarts == [1]
     assert (info.value.env_seed, info.value.agent_seed) == (derive_seed(3, "restart-1"), derive_seed(7, "restart-1"))
-    assert (info.value.env_seed, info.value.agent_seed) == actors.restart_seeds(0)
+    assert (info.value.env_seed, info.value.agent_seed) == actors.supervisor.seeds(0)
     assert ("injected failure in step" if fault == "raise" else "silent: no rollout for") in info.value.details
 
 

@@ -189,7 +189,7 @@ def test_on_policy_collection_goes_on_after_an_actor_is_killed_holding_a_request
             batch, *_ = actors.collect_outputs("cpu")
             assert time.monotonic() - start < 10
             assert (batch.policy_version == actors.policy_version).all()
-        assert actors.restarts == 1
+        assert actors.supervisor.restarts == 1
 
 
 def test_rollouts_older_than_max_policy_lag_are_dropped_and_counted():

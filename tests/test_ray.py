@@ -84,11 +84,11 @@ def test_a_killed_ray_actor_is_replaced_with_derived_seeds_and_collection_goes_o
         killed = actors.handles[0]
         ray.kill(killed, no_restart=True)
         deadline = time.monotonic() + 30
-        while actors.restarts == 0 and time.monotonic() < deadline:  # actor 1 serves until 0 is back
+        while actors.supervisor.restarts == 0 and time.monotonic() < deadline:  # actor 1 serves until 0 is back
             batch, *_ = actors.collect_outputs("cpu")
-        assert actors.restarts == 1 and actors.actor_restarts == [1, 0]
+        assert actors.supervisor.restarts == 1 and actors.supervisor.actor_restarts == [1, 0]
         assert actors.handles[0] != killed
-        assert actors.restart_seeds(0) != (actors.actor_env_seeds[0], actors.actor_agent_seeds[0])
+        assert actors.supervisor.seeds(0) != (actors.actor_env_seeds[0], actors.actor_agent_seeds[0])
         assert actors.get_stats_value("actor_restarts", name="sum") == 1
         assert batch.actions.shape == (16, 4)
         for _ in range(3):  # the replacement serves too
@@ -105,7 +105,7 @@ def test_a_restarted_ray_actor_reports_its_derived_seeds(cluster):
     with pytest.raises(ActorFailure, match="all 1 restarts of runner.max_restarts used") as info, actors:
         for _ in range(20):
             actors.collect_outputs("cpu")
-    assert actors.actor_restarts == [1]
+    assert actors.supervisor.actor_restarts == [1]
     assert (info.value.env_seed, info.value.agent_seed) == (derive_seed(3, "restart-1"), derive_seed(7, "restart-1"))
     assert "injected failure in step" in info.value.details
 

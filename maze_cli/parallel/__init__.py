@@ -1,7 +1,8 @@
 """Distributed actors: the one actor loop and the backends that move its data; workers that
 fill a replay buffer wrap any of them."""
 
-from maze_cli.parallel.distributed_actors import ActorFailure, DistributedActors
+from maze_cli.parallel.distributed_actors import DistributedActors
+from maze_cli.parallel.supervision import ActorFailure
 from maze_cli.parallel.sequential import SequentialDistributedActors
 from maze_cli.parallel.subproc import SubprocDistributedActors
 from maze_cli.parallel.workers_with_buffer import (

@@ -1,9 +1,9 @@
 """DistributedActors: actors collect rollouts in parallel; the learner takes them in batches.
 
 The base class holds what every backend shares: the rollout spec, seeds, epoch stats, policy
-versions, and the whole of failure handling (which seeds a restarted actor gets, the restart
-budget, the failure report, and the silence clock behind `rollout_timeout_s`). A backend only
-decides where the actors run and how rollouts and weights travel; it reports what went wrong
+versions, the one collect loop, and failure handling, whose decisions (restart budget, a restarted
+actor's seeds, the silence clock behind `rollout_timeout_s`) are its `ActorSupervisor`'s. A backend
+only decides where the actors run and how rollouts and weights travel; it reports what went wrong
 through `_actor_failed` and knows how to replace one actor (`_restart_actor`).
 """
 
@@ -23,25 +23,14 @@ from torch import nn
 from maze_cli.envs.info_stats import raise_error
 from maze_cli.envs.source import EnvSource, as_env_source
 from maze_cli.envs.spaces import action_spec, observation_specs
-from maze_cli.errors import MazeCliError, first_line
+from maze_cli.errors import first_line
 from maze_cli.parallel.schedule import Job, RolloutSchedule
+from maze_cli.parallel.supervision import ActorFailure, ActorSupervisor
 from maze_cli.records import Rollout, RolloutInfo, RolloutSpec, TensorSpec
 from maze_cli.stats.aggregator import EpochStatsAggregator, LogStatsLevel
 
 log = logging.getLogger("maze_cli")
 _Record = TypeVar("_Record")  # a rollout, or where a backend keeps one (a slot)
-
-
-class ActorFailure(MazeCliError, RuntimeError):
-    """An actor raised, died or hung; carries its index, the seeds it ran with and the traceback
-    from where it ran. A MazeCliError: `train` prints it without a traceback of its own."""
-
-    def __init__(self, actor_index: int, env_seed: int, agent_seed: int, details: str):
-        self.actor_index = actor_index
-        self.env_seed = env_seed
-        self.agent_seed = agent_seed
-        self.details = details
-        super().__init__(f"actor {actor_index} (env seed {env_seed}, agent seed {agent_seed}) failed:\n{details}")
 
 
 class DistributedActors(abc.ABC):
@@ -110,8 +99,6 @@ class DistributedActors(abc.ABC):
         self.run_actors = n_actors if run_actors is None else run_actors
         if not 0 <= first_actor <= self.run_actors - n_actors:
             raise ValueError(f"actors {first_actor}..{first_actor + n_actors - 1} are not among the run's {self.run_actors}")
-        if rollout_timeout_s is not None and rollout_timeout_s <= 0:
-            raise ValueError("rollout_timeout_s must be positive (or None: no timeout)")
         if max_policy_lag is not None and max_policy_lag < 0:
             raise ValueError("max_policy_lag must be at least 0 (or None: no limit)")
         self.on_policy = on_policy
@@ -123,12 +110,8 @@ class DistributedActors(abc.ABC):
         self._diverged = False  # reproducible mode: a restarted actor made the run depend on more than its seeds
         self._cannot_save: str | None = None  # reproducible mode: why the actors' state cannot go into a checkpoint
         self._resume: dict | None = None  # reproducible mode: the state a resumed run's actors start from
-        self.max_restarts = max_restarts
+        self.supervisor = ActorSupervisor(self.actor_env_seeds, self.actor_agent_seeds, max_restarts, rollout_timeout_s)
         self.rollout_timeout_s = rollout_timeout_s
-        self.restarts = 0
-        self.actor_restarts = [0] * n_actors
-        # When each actor last delivered a rollout (or was started): the clock of `_check_silent`.
-        self.last_seen = [time.monotonic()] * n_actors
         self.rollout_spec = self._rollout_spec(policy)
         self.policy_version = 0
         self.epoch_stats = EpochStatsAggregator()
@@ -160,7 +143,7 @@ class DistributedActors(abc.ABC):
     def start(self) -> None:
         """Start the actors; each one's silence clock starts once they all are up."""
         self._start_actors()
-        self.last_seen = [time.monotonic()] * self.n_actors
+        self.supervisor.started()
 
     @abc.abstractmethod
     def _start_actors(self) -> None:
@@ -250,7 +233,7 @@ class DistributedActors(abc.ABC):
     def _record_rollout(self, info: RolloutInfo) -> bool:
         """Account one received rollout in the epoch stats (and as a sign of life of its actor);
         False if it is to be dropped, being older than `max_policy_lag` versions."""
-        self.last_seen[info.actor_index] = time.monotonic()
+        self.supervisor.heard_from(info.actor_index)
         stats = self.epoch_stats
         stats.extend("episode_return", info.episode_returns)
         stats.extend("episode_length", info.episode_lengths)
@@ -325,7 +308,7 @@ class DistributedActors(abc.ABC):
 
     def _resume_snapshot(self, index: int) -> bytes | None:
         """Actor `index`'s saved state, for its first start in a resumed run (a restart starts anew)."""
-        if self._resume is None or self.actor_restarts[index]:
+        if self._resume is None or self.supervisor.actor_restarts[index]:
             return None
         return self._resume["actors"][index]
 
@@ -337,68 +320,37 @@ class DistributedActors(abc.ABC):
         """The rollouts in and not yet taken (the next batch's), each a copy of its own."""
         return [(job, Rollout.cat([self._rollout_of(record)]), copy.deepcopy(info)) for job, (record, info) in self._arrived.items()]
 
-    # -- failures ------------------------------------------------------------------------------
-    def restart_seeds(self, index: int) -> tuple[int, int]:
-        """Env and agent seeds of actor `index` after its restarts so far (the originals before any)."""
-        from maze_cli.seeding import derive_seed
-
-        k = self.actor_restarts[index]
-        env_seed, agent_seed = self.actor_env_seeds[index], self.actor_agent_seeds[index]
-        if k == 0:
-            return env_seed, agent_seed
-        return derive_seed(env_seed, f"restart-{k}"), derive_seed(agent_seed, f"restart-{k}")
-
-    def _failure(self, index: int, details: str) -> ActorFailure:
-        """The report of actor `index`'s failure, with the seeds it ran with (derived after a restart)."""
-        env_seed, agent_seed = self.restart_seeds(index)
-        return ActorFailure(index, env_seed, agent_seed, details)
-
-    def _silent_failure(self, index: int, seconds: float) -> ActorFailure:
-        return self._failure(index, f"silent: no rollout for {seconds:.0f} s (runner.rollout_timeout_s={self.rollout_timeout_s})")
-
+    # -- failures (the decisions are the supervisor's) -----------------------------------------
     def _actor_failed(self, index: int, details: str) -> None:
         """A backend noticed that actor `index` raised, died or hung: restart it or end the run."""
-        self._recover(self._failure(index, details))
+        self._recover(self.supervisor.failure(index, details))
 
     def _check_silent(self) -> None:
         """Recover actors that delivered nothing for `rollout_timeout_s` (backends call this while
         the learner waits, and before each collect: the others may keep the queue full while one hangs)."""
-        if self.rollout_timeout_s is None:
-            return
-        now = time.monotonic()
-        for i in range(self.n_actors):
-            since = self._owes_rollout_since(i)
-            if since is not None and now - since > self.rollout_timeout_s:
-                self._recover(self._silent_failure(i, now - since))
+        for failure in self.supervisor.silent([self._owes_rollout_since(i) for i in range(self.n_actors)]):
+            self._recover(failure)
 
     def _owes_rollout_since(self, index: int) -> float | None:
         """Since when actor `index` owes the learner a rollout (None: it owes none now, being idle
         on purpose). Actors that always work on one owe it since their last delivery; on-policy
         backends, whose actors idle between requests, say when the open request was taken."""
-        return self.last_seen[index]
+        return self.supervisor.last_seen[index]
 
     def _recover(self, failure: ActorFailure) -> None:
         """Restart the failed actor within the budget, or end the run with the failure."""
-        if self.restarts >= self.max_restarts:
-            budget = (f"all {self.max_restarts} restarts of runner.max_restarts used" if self.max_restarts
-                      else "runner.max_restarts=0: failed actors are not restarted")
-            failure.args = (f"{failure.args[0]}\n({budget})",)
-            raise failure
-        self.restarts += 1
+        self.supervisor.admit(failure)
         index = failure.actor_index
-        self.actor_restarts[index] += 1
         self.epoch_stats.add("actor_restarts", 1)
-        reason = failure.details.strip().splitlines()[-1] if failure.details.strip() else "unknown error"
-        log.warning(f"actor {index} failed ({reason}); restarting it: restart {self.restarts} of {self.max_restarts}")
         if self.schedule and not self._diverged:
             self._diverged = True
             log.warning(f"runner.reproducible: actor {index} restarts with new seeds, so from this epoch on the run is no "
                         f"longer the one its seed alone gives")
         self._restart_actor(index)
-        self.last_seen[index] = time.monotonic()
+        self.supervisor.heard_from(index)
 
     def _restart_actor(self, index: int) -> None:
-        """Replace actor `index` with a fresh one built with `restart_seeds(index)` (the backend's
+        """Replace actor `index` with a fresh one built with `supervisor.seeds(index)` (the backend's
         part of a restart; its rollouts in flight are dropped)."""
         raise NotImplementedError(f"{type(self).__name__} cannot restart actors")
 

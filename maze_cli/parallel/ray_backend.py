@@ -157,7 +157,7 @@ class RayDistributedActors(DistributedActors):
                 self._request_all(i)
 
     def _new_actor(self, index: int):
-        env_seed, agent_seed = self.restart_seeds(index)
+        env_seed, agent_seed = self.supervisor.seeds(index)
         return self._remote.remote(index, env_seed, agent_seed, self._actor_args, self._resume_snapshot(index), self.run_envs(index))
 
     def stop(self) -> None:
@@ -250,7 +250,7 @@ class RayDistributedActors(DistributedActors):
         OpenRequests.owed_since."""
         if not self.on_policy:
             return super()._owes_rollout_since(index)
-        return self._open.owed_since(index, self.last_seen[index])
+        return self._open.owed_since(index, self.supervisor.last_seen[index])
 
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
         ray = import_ray()

@@ -30,7 +30,7 @@ class SequentialDistributedActors(DistributedActors):
     """
 
     def _make_actor(self, index: int) -> Actor:
-        env_seed, agent_seed = self.restart_seeds(index)
+        env_seed, agent_seed = self.supervisor.seeds(index)
         return Actor(index, self.env_factory, self.policy, self.envs_per_actor, self.n_rollout_steps, env_seed, agent_seed,
                      self.initial_policy, self._resume_snapshot(index), self.run_envs(index))
 
@@ -83,7 +83,7 @@ class SequentialDistributedActors(DistributedActors):
             with _deadline(self.rollout_timeout_s):
                 return record, actor.collect(record)
         except RolloutTimeout:
-            self._recover(self._silent_failure(actor.index, self.rollout_timeout_s))
+            self._recover(self.supervisor.silent_failure(actor.index, self.rollout_timeout_s))
         except Exception:
             self._actor_failed(actor.index, traceback.format_exc())
         return None

@@ -151,9 +151,9 @@ class SubprocDistributedActors(DistributedActors):
 
     def _actor_args(self, index: int, outbox) -> tuple:
         """What actor process `index` is given: everything it shares with the learner and the others."""
-        env_seed, agent_seed = self.restart_seeds(index)
+        env_seed, agent_seed = self.supervisor.seeds(index)
         return (index, self.env_factory, self._policy_copy, self.rollout_spec, self._slots, self._request_readers[index], outbox,
-                self.weights, self._stopping, env_seed, agent_seed, self.initial_policy, self.actor_restarts[index],
+                self.weights, self._stopping, env_seed, agent_seed, self.initial_policy, self.supervisor.actor_restarts[index],
                 self._resume_snapshot(index), self.run_envs(index))
 
     def _hand_out(self, received: int) -> None:
@@ -235,7 +235,7 @@ class SubprocDistributedActors(DistributedActors):
             if process.sentinel in dead:
                 process.join(timeout=0)
                 self._receive(timeout=0)  # what it sent before dying, its error report included
-                if process.exitcode == 0 and any(m[0] == "error" and m[1] == i and m[2] == self.actor_restarts[i] for m in self._received):
+                if process.exitcode == 0 and any(m[0] == "error" and m[1] == i and m[2] == self.supervisor.actor_restarts[i] for m in self._received):
                     continue  # it reported its error and exited: recover when that report is taken
                 self._actor_failed(i, f"process {process.pid} exited with code {process.exitcode}")
 
@@ -267,12 +267,12 @@ class SubprocDistributedActors(DistributedActors):
             return None  # (a reply to a snapshot request the learner no longer waits for)
         if kind == "error":
             index, generation, slot, details = payload
-            if generation == self.actor_restarts[index]:  # else from a process already replaced
+            if generation == self.supervisor.actor_restarts[index]:  # else from a process already replaced
                 self.processes[index].join(timeout=_JOIN_TIMEOUT_S)  # it exits after reporting
                 self._actor_failed(index, details)  # the restart takes back its slots
             return None
         slot, info, generation = payload
-        if generation != self.actor_restarts[info.actor_index]:
+        if generation != self.supervisor.actor_restarts[info.actor_index]:
             return None  # sent by a replaced process: its slots were taken back, maybe handed out again
         self._open.close(info.actor_index, slot)
         return slot, info
@@ -314,7 +314,7 @@ class SubprocDistributedActors(DistributedActors):
                 self._next_rollout(0)
                 continue
             index, snapshot, generation = payload
-            if generation == self.actor_restarts[index]:
+            if generation == self.supervisor.actor_restarts[index]:
                 snapshots[index] = snapshot
         errors = [s for s in snapshots.values() if isinstance(s, str)]
         if errors:
@@ -327,7 +327,7 @@ class SubprocDistributedActors(DistributedActors):
     def _owes_rollout_since(self, index: int) -> float | None:
         """An actor owes a rollout while it holds a requested slot (without one it waits on the
         learner, on purpose): see OpenRequests.owed_since."""
-        return self._open.owed_since(index, self.last_seen[index])
+        return self._open.owed_since(index, self.supervisor.last_seen[index])
 
     def _release(self, slot: int) -> None:
         """A slot the learner is done with: back to the pool; off-policy, handed out again at once
