@@ -20,7 +20,7 @@ import re
 import uuid
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -28,6 +28,10 @@ import torch
 from maze_cli.disk import writing
 from maze_cli.distributed import SNAPSHOT
 from maze_cli.errors import CheckpointError, first_line
+
+if TYPE_CHECKING:
+    from maze_cli.evaluation import Snapshot
+    from maze_cli.training import Trainer
 
 FORMAT = "maze_cli.checkpoint"
 VERSION = 3  # 1: the pickled format of maze_cli 0.1 (objects, not data); 2: plain data; 3: one learner layout
@@ -236,11 +240,10 @@ class Checkpointer:
     checkpoint to share: only resume reads it, from a run dir whose config.yaml already names the
     code that the run imports and builds."""
 
-    def __init__(self, directory: Path, run, trainer, config: dict, interval: int, with_replay_buffer: bool,
+    def __init__(self, directory: Path, run, config: dict, interval: int, with_replay_buffer: bool,
                  actors_state: bool = False, group: Any = None):
         self.directory = directory
         self.run = run
-        self.trainer = trainer
         self.config = config
         self.interval = interval
         self.with_replay_buffer = with_replay_buffer
@@ -250,23 +253,23 @@ class Checkpointer:
         self._followers: tuple[int, list] | None = None  # (env steps, states) the other learners gave last
         self.followers_resume: list | None = None  # resume: the other learners' saved states, for them to restore
 
-    def _at_interval(self) -> bool:
-        return self.trainer.epoch % self.interval == 0
+    def _at_interval(self, trainer: Trainer) -> bool:
+        return trainer.epoch % self.interval == 0
 
-    def take_followers_state(self, reason: str | None) -> None:
+    def take_followers_state(self, trainer: Trainer, reason: str | None) -> None:
         """Several learners, at an epoch's end that writes last.pt (its interval, or the run's end),
         before learner 0 tells the others to go on: each one's state for actors.pkl (`follower_state`)."""
-        if self.actors_state and self.group is not None and (reason is not None or self._at_interval()):
+        if self.actors_state and self.group is not None and (reason is not None or self._at_interval(trainer)):
             self.group.decide(SNAPSHOT)
-            self._followers = (self.trainer.env_steps, self.group.gather_objects(None)[1:])
+            self._followers = (trainer.env_steps, self.group.gather_objects(None)[1:])
 
-    def save_actors(self) -> None:
+    def save_actors(self, env_steps: int) -> None:
         """Write actors.pkl for the last.pt about to be written at this step (once per step)."""
-        if not self.actors_state or self._actors_token() is not None:
+        if not self.actors_state or self._actors_token(env_steps) is not None:
             return
         state = self.run.runner.checkpoint_state()
         if state is not None and self.group is not None:
-            followers = self._followers[1] if self._followers is not None and self._followers[0] == self.trainer.env_steps else None
+            followers = self._followers[1] if self._followers is not None and self._followers[0] == env_steps else None
             # a learner whose envs cannot be pickled said so itself
             state = None if followers is None or any(f is None for f in followers) else {**state, "learners": followers}
         if state is None:
@@ -275,12 +278,12 @@ class Checkpointer:
         token = uuid.uuid4().hex
         data = pickle.dumps({"token": token, **state}, protocol=pickle.HIGHEST_PROTOCOL)
         _write_atomically(self.directory / ACTORS_FILE, lambda tmp: tmp.write_bytes(data))
-        self._actors_saved = (token, self.trainer.env_steps)
+        self._actors_saved = (token, env_steps)
 
-    def _actors_token(self) -> str | None:
+    def _actors_token(self, env_steps: int) -> str | None:
         """The token of the actors.pkl written at this very step, if one was."""
         saved = self._actors_saved
-        return saved[0] if saved is not None and saved[1] == self.trainer.env_steps else None
+        return saved[0] if saved is not None and saved[1] == env_steps else None
 
     def restore_actors(self, saved: dict[str, Any]) -> str | None:
         """Before the actors start: have them go on from the state `saved` (last.pt) was written with.
@@ -307,10 +310,10 @@ class Checkpointer:
         self.run.runner.restore_checkpoint_state(state)
         return None
 
-    def payload(self, reason: str) -> dict[str, Any]:
+    def payload(self, trainer: Trainer, reason: str) -> dict[str, Any]:
         return {
             "learner": self.run.learner.state_dict(),
-            "trainer": self.trainer.state_dict(),
+            "trainer": trainer.state_dict(),
             "loop": self.run.loop.state_dict(),
             "policy_blueprint": self.run.blueprint,
             "rng": rng_states(),
@@ -319,36 +322,36 @@ class Checkpointer:
             **_replay_state(self.run, self.with_replay_buffer),
         }
 
-    def save_last(self, reason: str) -> None:
-        payload = self.payload(reason)
+    def save_last(self, trainer: Trainer, reason: str) -> None:
+        payload = self.payload(trainer, reason)
         # Interrupted, the actors may be gone or mid-rollout: their state saved at this step (if any) is
         # not trusted to be the one the learner left.
-        token = self._actors_token()
+        token = self._actors_token(trainer.env_steps)
         if token is not None and reason != "interrupted":
             payload["actors_token"] = token
         save_checkpoint(self.directory / "last.pt", payload)
 
-    def on_epoch_end(self, stats: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: Trainer, stats: dict[str, Any]) -> None:
         # a snapshot's evaluation (eval.background) judged older weights: save_best_snapshot wrote those
         evaluated_now = "eval/return_mean" in stats and "eval/snapshot_env_steps" not in stats
         if evaluated_now and stats["eval/return_mean"] == stats["eval/best_return_mean"]:
-            save_checkpoint(self.directory / "best.pt", self.payload("best"))
-        if self._at_interval():
-            self.save_actors()
-            self.save_last("running")
+            save_checkpoint(self.directory / "best.pt", self.payload(trainer, "best"))
+        if self._at_interval(trainer):
+            self.save_actors(trainer.env_steps)
+            self.save_last(trainer, "running")
 
-    def save_best_snapshot(self, snapshot) -> None:
+    def save_best_snapshot(self, trainer: Trainer, snapshot: Snapshot) -> None:
         """best.pt from the weights an evaluation in the background judged (a `maze_cli.evaluation.Snapshot`),
         not the learner's current ones; the rest of the payload is the run as it is now."""
-        payload = self.payload("best")
+        payload = self.payload(trainer, "best")
         payload["learner"] = {**payload["learner"], "policy": snapshot.policy.state_dict()}
         save_checkpoint(self.directory / "best.pt", payload)
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, trainer: Trainer, state: dict[str, Any]) -> None:
         """Continue from `state`, the run's `last.pt` as load_checkpoint read it: learner, counters,
         RNG states and, if saved, the replay buffer."""
         self.run.learner.load_state_dict(state["learner"])
-        self.trainer.load_state_dict(state["trainer"])
+        trainer.load_state_dict(state["trainer"])
         if "loop" in state:  # (written since the loops keep state of their own)
             self.run.loop.load_state_dict(state["loop"])
         set_rng_states(state["rng"])

@@ -39,7 +39,11 @@ class TrainResult:
 
 
 class Trainer:
-    """Drives actors and a learner until the budget is spent; emits one stats dict per epoch."""
+    """Drives actors and a learner until the budget is spent; emits one stats dict per epoch.
+
+    The hooks (`on_epoch_end`, `on_best_snapshot`, `before_others_go_on`) are called with the trainer
+    first, so that what they save (a checkpoint) reads the counters of the moment without holding
+    the trainer: each side is built whole, the hooks' owner first."""
 
     def __init__(
         self,
@@ -51,14 +55,14 @@ class Trainer:
         eval_interval: int = 0,
         eval_interval_env_steps: int | None = None,
         eval_interval_s: float | None = None,
-        on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
+        on_epoch_end: Callable[[Trainer, dict[str, Any]], None] | None = None,
         evaluate_first: bool = False,
         group: LearnerGroup | None = None,
         info_keys: Sequence[str] = (),
         callbacks: Any = None,
         background_eval: BackgroundEvaluation | None = None,
-        on_best_snapshot: Callable[[Snapshot], None] | None = None,
-        before_others_go_on: Callable[[str | None], None] | None = None,
+        on_best_snapshot: Callable[[Trainer, Snapshot], None] | None = None,
+        before_others_go_on: Callable[[Trainer, str | None], None] | None = None,
     ):
         self.loop = loop
         # evaluation of weight snapshots in a thread (eval.background): results join a later epoch's row, and a
@@ -70,6 +74,7 @@ class Trainer:
         self.group = group  # with several learners: this is learner 0, the one that decides and writes
         self.budget = budget
         self.writers = list(writers)
+        self._writing_to = self.writers  # with the trackers of `run`
         self.progress = progress
         self.evaluate = evaluate if eval_interval > 0 else None
         self.eval_schedule = EvalSchedule(eval_interval if evaluate is not None else 0, eval_interval_env_steps, eval_interval_s)
@@ -126,7 +131,10 @@ class Trainer:
             return 0.0
         return getattr(self, "_end", time.perf_counter()) - self._start
 
-    def run(self) -> TrainResult:
+    def run(self, trackers: Sequence[StatsWriter] = ()) -> TrainResult:
+        """Train to the budget's end. `trackers`: writers that get every row of this run besides
+        `writers` (experiment trackers, opened by the caller at the last moment, closed by it)."""
+        self._writing_to = [*self.writers, *trackers]
         start = self._start = time.perf_counter()
         first_epoch, first_steps = self.epoch, self.env_steps
         reason = None
@@ -141,7 +149,7 @@ class Trainer:
                 reason = self._epoch(start, bar)
         self._end = time.perf_counter()
         elapsed = self._end - start
-        for writer in self.writers:  # a console row held back is shown before the closing line
+        for writer in self._writing_to:  # a console row held back is shown before the closing line
             getattr(writer, "flush", lambda: None)()
         line = f"stopped: {reason} after {self.env_steps:,} env steps, {self.epoch} epochs"
         if first_epoch > 0:  # a resumed run: totals, and this session's share
@@ -186,7 +194,7 @@ class Trainer:
             reason = self._call_callbacks(stats, reason)
             if self.group is not None:
                 if self.before_others_go_on is not None:
-                    self.before_others_go_on(reason)
+                    self.before_others_go_on(self, reason)
                 self.group.decide(STOP if reason else CONTINUE)
         except KeyboardInterrupt:
             if stats is None and self.env_steps > steps_before:
@@ -196,7 +204,7 @@ class Trainer:
             raise
         self._write(stats)
         if self.on_epoch_end is not None:
-            self.on_epoch_end(stats)
+            self.on_epoch_end(self, stats)
         return reason
 
     def _call_callbacks(self, stats: dict[str, Any], reason: str | None) -> str | None:
@@ -214,7 +222,7 @@ class Trainer:
     def _write(self, stats: dict[str, Any]) -> None:
         """The row to every writer; an interrupt meanwhile waits until all have it."""
         with interrupts_deferred():
-            for writer in self.writers:
+            for writer in self._writing_to:
                 writer.write(stats)
 
     def _evaluate_before_training(self) -> None:
@@ -226,7 +234,7 @@ class Trainer:
             log.info(f"before training: eval return {stats['eval/return_mean']:.1f} over the same episodes as every evaluation")
         self._write(stats)
         if self.on_epoch_end is not None:
-            self.on_epoch_end(stats)
+            self.on_epoch_end(self, stats)
 
     def _evaluate_into(self, stats: dict[str, Any], reason: str | None) -> str | None:
         """Add this epoch's evaluation to `stats`; the stop reason, "target_return" if eval reached it.
@@ -297,7 +305,7 @@ class Trainer:
         stats["time/eval_s"] = snapshot.seconds
         reason = self._judge_eval(stats, reason, stats["time_s"])
         if self.best_eval != best_before and self.on_best_snapshot is not None:
-            self.on_best_snapshot(snapshot)
+            self.on_best_snapshot(self, snapshot)
         return reason
 
     def _one_update(self) -> None:

@@ -64,7 +64,7 @@ def background_trainer(sleep_s, eval_s=0.05, target=None, fail_at=(), max_env_st
     writer = FakeWriter()
     trainer = Trainer(loop, Budget(max_env_steps=max_env_steps, epoch_length=1, target_return=target), [writer], progress=False,
                       evaluate=foreground, eval_interval=1, background_eval=BackgroundEvaluation(evaluate_snapshot, lambda: policy),
-                      on_best_snapshot=bests.append)
+                      on_best_snapshot=lambda trainer, snapshot: bests.append(snapshot))
     return trainer, writer, foreground, bests, threads
 
 

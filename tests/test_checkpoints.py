@@ -173,13 +173,13 @@ def test_a_restored_run_has_bit_identical_learner_state_and_continues_its_rng_st
     trainer = Trainer(run.loop, Budget(max_env_steps=2000, epoch_length=3), [], progress=False)
     with run.runner:
         trainer.run()
-    saver = Checkpointer(tmp_path, run, trainer, {}, interval=1, with_replay_buffer=False)
-    saver.save_last("test")
+    saver = Checkpointer(tmp_path, run, {}, interval=1, with_replay_buffer=False)
+    saver.save_last(trainer, "test")
     expected_draws = torch.rand(4)  # what the learner's stream gives next
 
     fresh = build(overrides)
     fresh_trainer = Trainer(fresh.loop, Budget(max_env_steps=2000, epoch_length=3), [], progress=False)
-    Checkpointer(tmp_path, fresh, fresh_trainer, {}, interval=1, with_replay_buffer=False).restore(load_checkpoint(tmp_path / "last.pt"))
+    Checkpointer(tmp_path, fresh, {}, interval=1, with_replay_buffer=False).restore(fresh_trainer, load_checkpoint(tmp_path / "last.pt"))
     assert torch.equal(torch.rand(4), expected_draws)
     for name, tensor in run.learner.policy.state_dict().items():
         assert torch.equal(fresh.learner.policy.state_dict()[name], tensor)

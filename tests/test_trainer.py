@@ -211,7 +211,7 @@ def test_epoch_rows_reduce_only_that_epochs_values():
 
 def test_on_epoch_end_sees_each_row():
     seen = []
-    trainer, _, writer = make(max_env_steps=30, epoch_length=1, on_epoch_end=seen.append)
+    trainer, _, writer = make(max_env_steps=30, epoch_length=1, on_epoch_end=lambda trainer, row: seen.append(row))
     trainer.run()
     assert seen == writer.rows and [row["epoch"] for row in seen] == [1, 2, 3]
 

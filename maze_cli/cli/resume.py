@@ -77,7 +77,7 @@ def restore(checkpointer: Checkpointer, saved: dict[str, Any], trainer: Trainer,
             tensorboard: TensorBoardWriter, run_dir: Path) -> None:
     """The learner, trainer and counters from last.pt (`saved`); the rows stats.jsonl and
     TensorBoard got after it are rolled back, as those epochs are trained again."""
-    checkpointer.restore(saved)
+    checkpointer.restore(trainer, saved)
     dropped = jsonl.rewind(trainer.epoch, trainer.env_steps)
     tensorboard.rewind(trainer.epoch, trainer.env_steps)
     log.info(f"resumed {run_dir} at epoch {trainer.epoch}, {trainer.env_steps:,} env steps"

@@ -128,8 +128,8 @@ def _train(cfg: DictConfig, settings: Settings, config: dict[str, Any], env_fact
     jsonl, tensorboard = JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")
     files = [ConsoleTable(team=bool(env_factory.agents)), jsonl, tensorboard]
     videos = _eval_videos(settings, run_dir, tensorboard)
-    trainer = _trainer(settings, run, env_factory, files, videos, warm_started, group, callbacks)
-    checkpointer = _checkpointer(settings, run, trainer, config, run_dir, group)
+    checkpointer = _checkpointer(settings, run, config, run_dir, group)
+    trainer = _trainer(settings, run, env_factory, files, videos, warm_started, group, callbacks, checkpointer)
     if t.resume:
         resume.restore(checkpointer, resumed_from, trainer, jsonl, tensorboard, run_dir)
         if settings.runner.get("reproducible"):
@@ -139,10 +139,9 @@ def _train(cfg: DictConfig, settings: Settings, config: dict[str, Any], env_fact
     _log_start(settings, run, env_factory, observation_space, action_space, trainer, group, run_dir)
     # last: a failure before it leaves no tracker run open; a full disk under its local files reads as for the run's own
     trackers = [WritesTo(tracker, run_dir) for tracker in build_trackers(settings.logger, run_dir, config)]
-    trainer.writers += trackers
     broadcast_first = bool(t.resume or group is not None)  # (several learners: so that their policy versions agree)
     result = _run_to_the_end(run, trainer, checkpointer, files, trackers, run_dir, broadcast_first, callbacks, config)
-    checkpointer.save_last(result.stop_reason)
+    checkpointer.save_last(trainer, result.stop_reason)
     log.info(_summary_line(result, trainer.time_offset + result.time_s, trainer.best_eval, run_dir / "checkpoints",
                            time.perf_counter() - started, t.eval.interval > 0))
     summary = {"stop_reason": result.stop_reason, "env_steps": result.env_steps, "time_s": result.time_s,
@@ -151,17 +150,12 @@ def _train(cfg: DictConfig, settings: Settings, config: dict[str, Any], env_fact
     return summary
 
 
-def _checkpointer(settings: Settings, run: Run, trainer: Trainer, config: dict[str, Any], run_dir: Path,
-                  group: LearnerGroup | None) -> Checkpointer:
+def _checkpointer(settings: Settings, run: Run, config: dict[str, Any], run_dir: Path, group: LearnerGroup | None) -> Checkpointer:
     """last.pt on the checkpoint interval and at the end, best.pt on a new best evaluation; called
     by the trainer at those moments."""
     t = settings.train
-    checkpointer = Checkpointer(run_dir / "checkpoints", run, trainer, config, t.checkpoint.interval, t.checkpoint.replay_buffer,
-                                actors_state=bool(settings.runner.get("reproducible")), group=group)
-    trainer.on_epoch_end = checkpointer.on_epoch_end
-    trainer.on_best_snapshot = checkpointer.save_best_snapshot
-    trainer.before_others_go_on = checkpointer.take_followers_state
-    return checkpointer
+    return Checkpointer(run_dir / "checkpoints", run, config, t.checkpoint.interval, t.checkpoint.replay_buffer,
+                        actors_state=bool(settings.runner.get("reproducible")), group=group)
 
 
 def _log_start(settings: Settings, run: Run, env_factory: EnvFactory, observation_space: gym.Space, action_space: gym.Space,
@@ -211,7 +205,7 @@ def _warm_start(learner, t: TrainConfig, trusted: frozenset[str]) -> bool:
 
 
 def _trainer(settings: Settings, run: Run, env_factory: EnvFactory, files: list[StatsWriter], videos: EvalVideos | None,
-             warm_started: bool, group: LearnerGroup | None, callbacks: Callbacks) -> Trainer:
+             warm_started: bool, group: LearnerGroup | None, callbacks: Callbacks, checkpointer: Checkpointer) -> Trainer:
     """The Trainer: the run's loop under its budget, writing each epoch's row to `files`, evaluating
     the policy on the eval seeds on `eval`'s schedule (recording `videos` when on)."""
     t = settings.train
@@ -236,7 +230,9 @@ def _trainer(settings: Settings, run: Run, env_factory: EnvFactory, files: list[
         background = BackgroundEvaluation(evaluate_snapshot, lambda: run.learner.policy)
     trainer = Trainer(run.loop, budget, files, evaluate=evaluate, eval_interval=t.eval.interval,
                       eval_interval_env_steps=t.eval.interval_env_steps, eval_interval_s=t.eval.interval_s, evaluate_first=warm_started,
-                      group=group, info_keys=list(env_factory.info_stats), background_eval=background, callbacks=callbacks)
+                      group=group, info_keys=list(env_factory.info_stats), background_eval=background, callbacks=callbacks,
+                      on_epoch_end=checkpointer.on_epoch_end, on_best_snapshot=checkpointer.save_best_snapshot,
+                      before_others_go_on=checkpointer.take_followers_state)
     return trainer
 
 
@@ -286,8 +282,8 @@ def _run_to_the_end(run: Run, trainer: Trainer, checkpointer: Checkpointer, file
         with run.runner:
             if broadcast_first:
                 run.runner.broadcast_updated_policy(run.learner.policy.state_dict())
-            result = trainer.run()
-            checkpointer.save_actors()  # while they run: for the last.pt written below
+            result = trainer.run(trackers)
+            checkpointer.save_actors(trainer.env_steps)  # while they run: for the last.pt written below
             curve = start_learning_curve(run_dir)  # every row is written: drawn while the actors stop
     except NonFiniteLoss as err:
         last = run_dir / "checkpoints" / "last.pt"
@@ -300,14 +296,14 @@ def _run_to_the_end(run: Run, trainer: Trainer, checkpointer: Checkpointer, file
         disk_full = True
         raise
     except KeyboardInterrupt:
-        checkpointer.save_last("interrupted")
+        checkpointer.save_last(trainer, "interrupted")
         log.info("interrupted: actors stopped, checkpoints/last.pt written")
         raise
     except CallbackFailed as err:
-        checkpointer.save_last("callback_failed")
+        checkpointer.save_last(trainer, "callback_failed")
         raise CallbackFailed(f"{err}; the run stopped after {trainer.env_steps:,} env steps, checkpoints/last.pt written") from None
     except LearnerFailure as err:
-        checkpointer.save_last("learner_failed")
+        checkpointer.save_last(trainer, "learner_failed")
         raise LearnerFailure(f"{err}; the run stopped after {trainer.env_steps:,} env steps, checkpoints/last.pt written: "
                              f"train resume={run_dir} continues it") from None
     finally:
