@@ -54,11 +54,12 @@ class LearnerGroup:
     """This learner's place among the learners, and the collectives they make together.
 
     Every method is a collective: all learners call it in the same order. A collective that fails
-    (a learner gone, the timeout passed) raises `LearnerFailure`; `explain` (set by whoever started
-    the other learners) turns the error into the reason, naming the learner that failed.
+    (a learner gone, the timeout passed) raises `LearnerFailure`; `explain` (given by whoever started
+    the other learners) turns the error into the reason, naming the learner that failed; the
+    rendezvous in the constructor is the first collective it explains.
     """
 
-    def __init__(self, spec: GroupSpec, store: Any = None):
+    def __init__(self, spec: GroupSpec, store: Any = None, explain: Callable[[Exception], str] | None = None):
         import torch.distributed as dist
 
         self.spec = spec
@@ -66,7 +67,7 @@ class LearnerGroup:
         timeout = datetime.timedelta(seconds=spec.timeout_s)
         if store is None:
             store = dist.TCPStore(spec.host, spec.port, spec.world_size, is_master=False, timeout=timeout)
-        self.explain: Callable[[Exception], str] = self._default_explanation
+        self.explain = explain or self._default_explanation
         self._device = torch.device("cpu")
         if spec.rank > 0:
             _start_heartbeat(spec)

@@ -91,9 +91,8 @@ def start_other_learners(settings: Settings, config: dict[str, Any], closing: co
         peers = closing.enter_context(LearnerProcesses(config, BODY, options.num_learners, options.collective_timeout_s, backend,
                                                        settings.runner.get("start_method") or default_start_method()))
     peers.wait_ready(timeout_s=max(120.0, options.collective_timeout_s))
-    group = LearnerGroup(peers.spec, store=peers.store)
+    group = LearnerGroup(peers.spec, store=peers.store, explain=peers.failure)
     closing.callback(group.close)
-    group.explain = peers.failure
     log.info(f"learner.num_learners={options.num_learners}: {', '.join(peers.describe())} joined learner 0 (this process)")
     return group
 
