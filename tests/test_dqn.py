@@ -202,3 +202,34 @@ def test_multidiscrete_actions_are_refused_in_one_line(tmp_path):
     env = env_config(tmp_path, _target_="tests.envs.CountingEnv", action_kind="multidiscrete")
     result = run_train(*env, "algorithm=dqn", "runner=sequential", "max_env_steps=100", run_dir=tmp_path / "run")
     assert_one_line_error(result, "algorithm=dqn takes Discrete actions, not MultiDiscrete")
+
+
+def test_dqns_loss_equals_the_papers_formula_computed_by_hand():
+    """The importance-weighted Huber loss of n-step double-Q targets (van Hasselt et al. 2016; Horgan
+    et al. 2018 for the n-step returns and the weights), from the Q-networks' outputs alone:
+        y = R + gamma^h (1 - d) Q'(s', argmax_a Q(s', a)),  L = E[w huber(Q(s, a) - y)]
+    where R sums the h <= n rewards between s and s'."""
+    from maze_cli.contract import UpdateContext
+    from maze_cli.parallel.workers_with_buffer import SampledBatch
+
+    learner = _learner(double_q=True, n_step=3, gamma=0.9)
+    objective = learner.objective
+    with torch.no_grad():
+        for p in objective.target.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    sampled = transitions(CARTPOLE)
+    n = len(sampled.transitions)
+    tr = Transitions(**{**vars(sampled.transitions), "rewards": sampled.transitions.rewards * 3,
+                        "horizon": torch.randint(1, 4, (n,), generator=torch.Generator().manual_seed(0)).to(torch.int16)})
+    batch = SampledBatch(tr, sampled.indices, sampled.weights, 1)
+    (step,) = objective.steps(batch, UpdateContext(torch.device("cpu"), 0, 0, 1.0, {}))
+
+    with torch.no_grad():
+        choice = objective.policy.q(tr.next_observations).argmax(-1, keepdim=True)
+        v_next = objective.target.q(tr.next_observations).gather(-1, choice).squeeze(-1)
+        y = tr.rewards + 0.9 ** tr.horizon.float() * (~tr.terminated).float() * v_next
+    error = objective.policy.q(tr.observations).gather(-1, tr.actions.unsqueeze(-1)).squeeze(-1) - y
+    huber = torch.where(error.abs() < 1, 0.5 * error ** 2, error.abs() - 0.5)
+    assert (error.abs() >= 1).any() and (error.abs() < 1).any()  # both of Huber's pieces are in the batch
+    assert len(set(tr.horizon.tolist())) == 3
+    torch.testing.assert_close(step.losses["q"], (batch.weights * huber).mean(), rtol=1e-5, atol=1e-6)

@@ -1,5 +1,7 @@
 """SAC through the real `train` command, and its learner on every supported action kind."""
 
+import math
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -157,3 +159,82 @@ def test_with_policy_cnn_the_critic_loss_alone_trains_the_shared_conv_encoder(ac
     # Without sharing, each network keeps its own encoder.
     separate = SacObjective(SacPolicy(obs_space, action_space, network), Sac(share_encoder=False), network)
     assert separate.critic.nets[0].encoder.images is not separate.policy.network.encoder.images
+
+
+def _perturbed(module: torch.nn.Module) -> None:
+    """Move a target network away from its online twin, so that a loss that reads the wrong one shows."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+
+
+@pytest.mark.parametrize("discrete", [False, True])
+def test_sacs_losses_equal_the_papers_formulas_computed_by_hand(discrete):
+    """One update's three losses against Haarnoja et al. (2018, eqs. 5, 7 and 18; the discrete form of
+    Christodoulou 2019), written here from the networks' outputs and torch.distributions alone:
+        y = r + gamma (1 - d) (min_i Q'_i(s', a') - alpha log pi(a'|s')),  a' ~ pi(.|s')
+        L_Q = E[w (Q_1(s, a) - y)^2] + E[w (Q_2(s, a) - y)^2]
+        L_pi = E[alpha log pi(a|s) - min_i Q_i(s, a)],  a ~ pi(.|s)
+        L_alpha = -E[log alpha (log pi(a|s) + target entropy)]
+    (discrete: the expectations over actions taken exactly with pi's probabilities)."""
+    from torch.distributions import AffineTransform, Independent, Normal, TanhTransform, TransformedDistribution
+
+    from maze_cli.algorithms.sac import _LOG_STD_MAX, _LOG_STD_MIN
+    from maze_cli.contract import UpdateContext
+    from tests.learner_cases import CARTPOLE, PENDULUM, transitions
+
+    spaces = CARTPOLE if discrete else PENDULUM
+    torch.manual_seed(5)
+    network = mlp_network((16, 16), "relu")
+    policy = SacPolicy(*spaces, network)
+    hp = Sac(gamma=0.9, init_alpha=0.3)
+    objective = SacObjective(policy, hp, network)
+    _perturbed(objective.critic_target)
+    batch = transitions(spaces)
+    tr, w = batch.transitions, batch.weights
+    torch.manual_seed(1)
+    critic_step, actor_step = objective.steps(batch, UpdateContext(torch.device("cpu"), 0, 0, 1.0, {}))
+
+    alpha, log_alpha = torch.tensor(0.3), torch.log(torch.tensor(0.3))
+    torch.manual_seed(1)
+
+    def pi(observations):
+        """The policy's distribution at `observations`: (actions or probabilities, log-probs)."""
+        out = policy.head(policy.network(observations, (), None)[0])
+        if discrete:
+            log_p = torch.log_softmax(out, -1)
+            return log_p.exp(), log_p
+        mean, log_std = out.chunk(2, -1)
+        squash = [TanhTransform(cache_size=1), AffineTransform(policy.bias, policy.scale, cache_size=1)]
+        dist = TransformedDistribution(Independent(Normal(mean, log_std.clamp(_LOG_STD_MIN, _LOG_STD_MAX).exp()), 1), squash)
+        a = dist.rsample()
+        return a, dist.log_prob(a)
+
+    with torch.no_grad():
+        a_next, logp_next = pi(tr.next_observations)
+        if discrete:
+            q_next = torch.min(*objective.critic_target(tr.next_observations))
+            v_next = (a_next * (q_next - alpha * logp_next)).sum(-1)
+        else:
+            v_next = torch.min(*objective.critic_target(tr.next_observations, a_next)) - alpha * logp_next
+        y = tr.rewards + 0.9 * (~tr.terminated).float() * v_next
+    if discrete:
+        q1, q2 = (q.gather(-1, tr.actions.unsqueeze(-1)).squeeze(-1) for q in objective.critic(tr.observations))
+    else:
+        q1, q2 = objective.critic(tr.observations, tr.actions)
+    critic_loss = (w * (q1 - y) ** 2).mean() + (w * (q2 - y) ** 2).mean()
+
+    a, logp = pi(tr.observations)
+    if discrete:
+        q_min = torch.min(*objective.critic(tr.observations))
+        policy_loss = (a * (alpha * logp - q_min)).sum(-1).mean()
+        entropy = -(a * logp).sum(-1)
+        alpha_loss = -(log_alpha * (hp.target_entropy_scale * math.log(2) - entropy)).mean()
+    else:
+        policy_loss = (alpha * logp - torch.min(*objective.critic(tr.observations, a))).mean()
+        alpha_loss = -(log_alpha * (logp + (-1.0))).mean()  # the target entropy: -dim(A)
+
+    close = {"rtol": 1e-4, "atol": 2e-3}  # torch's exact tanh Jacobian against the policy's log(1 - tanh^2 + 1e-6)
+    torch.testing.assert_close(critic_step.losses["critic"], critic_loss, **close)
+    torch.testing.assert_close(actor_step.losses["policy"], policy_loss, **close)
+    torch.testing.assert_close(actor_step.losses["alpha"], alpha_loss, **close)

@@ -83,3 +83,41 @@ def test_what_td3_cannot_train_is_refused_in_one_line(tmp_path, env, expected):
     result = run_train(env, "algorithm=td3", "runner=sequential", "max_env_steps=100", run_dir=tmp_path / "run")
     assert_one_line_error(result, expected)
     assert not (tmp_path / "run" / "checkpoints" / "last.pt").exists()
+
+
+def test_td3s_losses_equal_the_papers_formulas_computed_by_hand():
+    """The critics' and the actor's losses against Fujimoto et al. (2018, eqs. 10 and 15, and the
+    deterministic policy gradient's loss), from the networks' outputs alone, with a target-policy
+    noise large enough that both of its clips act:
+        a' = clip(mu'(s') + clip(eps, -c, c), low, high),  eps ~ N(0, sigma)
+        y = r + gamma (1 - d) min_i Q'_i(s', a')
+        L_Q = E[w (Q_1(s, a) - y)^2] + E[w (Q_2(s, a) - y)^2],  L_mu = -E[Q_1(s, mu(s))]"""
+    from maze_cli.contract import UpdateContext
+
+    learner = _learner(gamma=0.9, policy_noise=1.0, noise_clip=0.4, policy_delay=1)
+    objective = learner.objective
+    with torch.no_grad():  # targets that are not their online twins: a loss reading the wrong one shows
+        for target in (objective.policy_target, objective.critic_target):
+            for p in target.parameters():
+                p.add_(torch.randn_like(p) * 0.3)
+    batch = transitions(PENDULUM)
+    tr, w = batch.transitions, batch.weights
+    torch.manual_seed(1)
+    critic_step, actor_step = objective.steps(batch, UpdateContext(torch.device("cpu"), 0, 0, 1.0, {}))
+
+    def mu(policy, observations):
+        return 2.0 * torch.tanh(policy.head(policy.network(observations, (), None)[0]))  # Pendulum's bounds: [-2, 2]
+
+    torch.manual_seed(1)
+    with torch.no_grad():
+        mu_next = mu(objective.policy_target, tr.next_observations)
+        eps = torch.randn(mu_next.shape) * (1.0 * 2.0)  # sigma, in env units
+        a_next = (mu_next + eps.clamp(-0.4 * 2.0, 0.4 * 2.0)).clamp(-2.0, 2.0)
+        assert (eps.abs() > 0.8).any() and ((mu_next + eps.clamp(-0.8, 0.8)).abs() > 2.0).any()  # both clips act
+        y = tr.rewards + 0.9 * (~tr.terminated).float() * torch.min(*objective.critic_target(tr.next_observations, a_next))
+    q1, q2 = objective.critic(tr.observations, tr.actions)
+    critic_loss = (w * (q1 - y) ** 2).mean() + (w * (q2 - y) ** 2).mean()
+    actor_loss = -objective.critic(tr.observations, mu(objective.policy, tr.observations))[0].mean()
+
+    torch.testing.assert_close(critic_step.losses["critic"], critic_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(actor_step.losses["policy"], actor_loss, rtol=1e-5, atol=1e-6)
