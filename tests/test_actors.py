@@ -112,7 +112,8 @@ def test_a_slow_learner_sees_policy_lag_up_to_the_documented_bound_and_never_mor
             assert sorted(reported) == sorted(actors.policy_version - v for v in rollout_versions(batch, 3))
             lags += reported
             actors.broadcast_updated_policy(actors.policy.state_dict())
-            time.sleep(0.05)  # the learner "updates"
+            # the learner "updates" until the actor has filled every slot of the pool
+            assert wait_until(lambda: actors._queue_size() == actors.queue_size + actors.n_actors)
     assert max(lags) > 0, "a slow learner must take rollouts of older policy versions"
     assert max(lags) <= bound, f"policy lag {max(lags)} beyond the bound {bound}: {lags}"
 
@@ -125,7 +126,8 @@ def test_a_slow_learner_finds_the_pool_of_slots_full_never_beyond():
     assert actors.queue_size == 3
     with actors:
         for _ in range(4):
-            time.sleep(1.0)  # the learner "updates"; the actors fill every free slot meanwhile
+            wait_until(lambda: actors._queue_size() >= 6)  # the learner "updates"; the actors fill every free slot meanwhile
+            time.sleep(0.2)  # and, were the pool not bounded, would go on filling more
             _, queue_before, queue_after, _ = actors.collect_outputs("cpu")
             assert queue_before == 6  # reported as the learner found it: the whole pool, not more
             assert queue_after <= 6

@@ -18,6 +18,7 @@ from maze_cli.normalization import ObservationNormalizer, RewardScaler, RunningM
 from maze_cli.parallel import SequentialDistributedActors, SubprocDistributedActors
 from tests.cli import REPO, run_train
 from tests.envs import CountingEnv
+from tests.helpers import wait_until
 from tests.test_actors import make_actors
 from maze_cli.stats.same_run import without_timings
 from tests.test_train import read_stats
@@ -195,7 +196,7 @@ def test_on_policy_collection_goes_on_after_an_actor_is_killed_holding_a_request
 def test_rollouts_older_than_max_policy_lag_are_dropped_and_counted():
     with make_actors(SubprocDistributedActors, partial(CountingEnv, length=4), n_actors=2, batch_size=2, max_policy_lag=1) as actors:
         actors.collect_outputs("cpu")
-        time.sleep(0.5)  # the queue fills with rollouts of version 0
+        assert wait_until(lambda: actors._queue_size() >= 2)  # the queue fills with rollouts of version 0
         for _ in range(3):
             actors.broadcast_updated_policy(actors.policy.state_dict())
         for _ in range(3):
