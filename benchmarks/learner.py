@@ -6,8 +6,10 @@
     python benchmarks/learner.py +env=pendulum algorithm=sac --updates 200
     python benchmarks/learner.py +env=minatar device=cuda --variants fp32 bf16 compile-bf16 compile-bf16-cudagraphs
 
-Each variant (`fp32`, `bf16`, `compile` = fp32 compiled, `compile-bf16`, `compile-bf16-cudagraphs` = compile
-mode reduce-overhead) gets a learner built from the
+Each variant (`fp32`, `bf16`, `compile` = fp32 with the loss functions compiled, `compile-bf16`,
+`compile-bf16-cudagraphs` = compile mode reduce-overhead, `compile-update` = fp32 with the whole update, loss,
+backward and optimizer step, under one torch.compile as LeanRL does, `compile-step` = the loss compiled and, apart,
+its backward, clipping and optimizer step; both with torch's capturable Adam) gets a learner built from the
 same composed config (the shipped defaults and tuning files, plus the overrides given) and seed, and one
 batch collected by real actors (runner=sequential; SAC: a replay buffer filled by its initial policy).
 Then rounds alternate between the variants: each round times `--updates` updates of every variant in
@@ -31,10 +33,13 @@ VARIANTS = {
     "compile": ["learner.precision=fp32", "learner.compile=true"],
     "compile-bf16": ["learner.precision=bf16", "learner.compile=true"],
     "compile-bf16-cudagraphs": ["learner.precision=bf16", "learner.compile=true", "learner.compile_mode=reduce-overhead"],
+    "compile-update": ["learner.precision=fp32"],  # the whole update (loss, backward, Adam) under one torch.compile
+    "compile-step": ["learner.precision=fp32", "learner.compile=true"],  # the loss compiled, and backward + clip + Adam
 }
+WHOLE_UPDATE = {"compile-update": "update", "compile-step": "step"}
 
 
-def build(overrides: list[str]):
+def build(overrides: list[str], whole_update: str | None = None):
     """The run's learner, and a function that makes one update on a fixed real batch."""
     from maze_cli.cli.build import build_run, check_env
     from maze_cli.cli.paths import compose_train
@@ -55,10 +60,22 @@ def build(overrides: list[str]):
             batch = run.runner.collect_outputs(learner.device)[0]
     samples = len(batch.transitions) if hasattr(batch, "transitions") else batch.rewards.numel()
 
+    # LeanRL's way: one torch.compile over everything an update does, the learner's bookkeeping
+    # included; dynamo breaks the graph where it must (the objective's steps, host reads) and compiles the rest.
+    # Its optimizer is torch's Adam, capturable (its step count a tensor, as LeanRL's): the learner's
+    # own calls a fused kernel that inductor cannot trace.
+    if whole_update:
+        for group in learner.groups.values():
+            adam = group.optimizer.param_groups[0]
+            group.optimizer = torch.optim.Adam(adam["params"], lr=adam["lr"], eps=adam["eps"], capturable=True)
+    if whole_update == "step":  # what follows the compiled loss: its backward, the clip and Adam's step
+        learner.step = torch.compile(learner.step, dynamic=False)
+    update = torch.compile(learner.update, dynamic=False) if whole_update == "update" else learner.update
+
     def updates(n: int) -> None:
         """`n` updates, to their end: a GPU runs them asynchronously, so wait for it before the clock is read."""
         for _ in range(n):
-            learner.update(batch)
+            update(batch)
         if learner.device.type == "cuda":
             torch.cuda.synchronize(learner.device)
 
@@ -75,7 +92,7 @@ def main() -> None:
     learners = {}
     for name in args.variants:
         try:
-            learner, updates, samples, threads = build([*args.overrides, *VARIANTS[name]])
+            learner, updates, samples, threads = build([*args.overrides, *VARIANTS[name]], WHOLE_UPDATE.get(name))
             t0 = time.perf_counter()
             updates(2)  # the first call: compilation, autocast's caches
         except Exception as error:  # one variant this torch or device cannot run: report it, time the others
