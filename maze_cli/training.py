@@ -18,7 +18,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from maze_cli.budget import Budget, EvalSchedule
 from maze_cli.contract import Loop
-from maze_cli.distributed import CONTINUE, EPOCH_END, SNAPSHOT, STOP, LearnerGroup
+from maze_cli.distributed import CONTINUE, EPOCH_END, STOP, LearnerGroup
 from maze_cli.envs.info_stats import epoch_means, event_name
 from maze_cli.errors import ConfigError
 from maze_cli.evaluation import BackgroundEvaluation, Snapshot
@@ -27,6 +27,7 @@ from maze_cli.stats.aggregator import EpochStatsAggregator
 from maze_cli.stats.writers import StatsWriter
 
 log = logging.getLogger("maze_cli")
+PAUSED = "paused"  # `Trainer.run(pause_at=...)` returned before the budget's end
 
 
 @dataclass
@@ -88,6 +89,7 @@ class Trainer:
         self.time_offset = 0.0  # seconds trained before a resume
         self.best_eval: float | None = None
         self.window: deque[float] = deque(maxlen=budget.target_window)
+        self._pause_at: int | None = None  # run()'s
 
     def state_dict(self) -> dict[str, Any]:
         """Counters a resumed run continues from."""
@@ -121,6 +123,8 @@ class Trainer:
             return "max_env_steps"
         if b.max_time_s is not None and self.time_offset + elapsed >= b.max_time_s:
             return "max_time_s"
+        if self._pause_at is not None and self.env_steps >= self._pause_at:
+            return PAUSED
         return None
 
     @property
@@ -131,10 +135,14 @@ class Trainer:
             return 0.0
         return getattr(self, "_end", time.perf_counter()) - self._start
 
-    def run(self, trackers: Sequence[StatsWriter] = ()) -> TrainResult:
+    def run(self, trackers: Sequence[StatsWriter] = (), pause_at: int | None = None) -> TrainResult:
         """Train to the budget's end. `trackers`: writers that get every row of this run besides
-        `writers` (experiment trackers, opened by the caller at the last moment, closed by it)."""
+        `writers` (experiment trackers, opened by the caller at the last moment, closed by it).
+        `pause_at`: return once this many env steps are trained, with the stop reason `PAUSED` and no
+        closing line (a population's member between two reports): the epoch ends there, evaluated as
+        at a budget's end; the next call goes on from there, its clock too."""
         self._writing_to = [*self.writers, *trackers]
+        self._pause_at = pause_at
         start = self._start = time.perf_counter()
         first_epoch, first_steps = self.epoch, self.env_steps
         reason = None
@@ -149,6 +157,10 @@ class Trainer:
                 reason = self._epoch(start, bar)
         self._end = time.perf_counter()
         elapsed = self._end - start
+        if reason == PAUSED:  # this part's seconds join those before, as a resumed run's do
+            self.time_offset += elapsed
+            self._start = self._end
+            return TrainResult(self.epoch, self.env_steps, elapsed, reason, self.window_mean())
         for writer in self._writing_to:  # a console row held back is shown before the closing line
             getattr(writer, "flush", lambda: None)()
         line = f"stopped: {reason} after {self.env_steps:,} env steps, {self.epoch} epochs"
@@ -265,7 +277,7 @@ class Trainer:
             self.best_eval = eval_mean
         stats["eval/best_return_mean"] = self.best_eval
         target = self.budget.target_return
-        if reason is None and target is not None and eval_mean >= target:
+        if reason in (None, PAUSED) and target is not None and eval_mean >= target:
             return "target_return"
         return reason
 
@@ -369,24 +381,3 @@ class Trainer:
         actor.clear()
         learner.clear()
         return {k: v for k, v in stats.items() if v is not None}
-
-
-def follow(loop: Loop, group: LearnerGroup, checkpoint_state: Callable[[], Any] | None = None) -> None:
-    """What a learner other than learner 0 does: iterate in step with it (gradients are averaged
-    inside each update) until it says stop; at each epoch's end send it this epoch's episodes and
-    actor stats, which its row counts, and, when it asks (SNAPSHOT: a checkpoint of a reproducible
-    run), this learner's `checkpoint_state()`."""
-    while True:
-        group.sum([loop.iteration()])
-        decision = group.decide()
-        if decision == EPOCH_END:
-            stats = loop.actor_stats
-            group.gather_objects({event: list(stats.values(event)) for event in stats.events()})
-            stats.clear()
-            loop.learner_stats.clear()  # learner 0's metrics stand for all: the weights are the same
-            decision = group.decide()
-            if decision == SNAPSHOT:
-                group.gather_objects(None if checkpoint_state is None else checkpoint_state())
-                decision = group.decide()
-        if decision == STOP:
-            return

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from hydra.utils import get_class
@@ -19,14 +19,14 @@ from omegaconf import OmegaConf
 from maze_cli.checkpoint import follower_state, restore_follower_state
 from maze_cli.cli.build import build_run, check_env, learner_threads, trusted_targets
 from maze_cli.cli.settings import Settings, register_configs, validate
-from maze_cli.distributed import LearnerGroup, backend_for
+from maze_cli.contract import Loop
+from maze_cli.distributed import EPOCH_END, SNAPSHOT, STOP, LearnerGroup, backend_for
 from maze_cli.errors import ConfigError
 from maze_cli.parallel.learners import LearnerBody, LearnerProcesses, LearnerTask, RayLearners
 from maze_cli.parallel.ray_backend import RayDistributedActors
 from maze_cli.parallel.ray_cluster import connect
 from maze_cli.seeding import derive_seed, deterministic_torch, seed_everything
 from maze_cli.start_methods import default_start_method
-from maze_cli.training import follow
 
 log = logging.getLogger("maze_cli")
 
@@ -138,3 +138,24 @@ def check_learners(settings: Settings, on_ray: bool = False) -> None:
     if torch.cuda.device_count() < n:
         raise ConfigError(f"learner.num_learners={n} with device={settings.train.device}: each learner needs a GPU of its own "
                           f"and this machine has {torch.cuda.device_count()}; use learner.num_learners={torch.cuda.device_count()}")
+
+
+def follow(loop: Loop, group: LearnerGroup, checkpoint_state: Callable[[], Any] | None = None) -> None:
+    """What a learner other than learner 0 does: iterate in step with it (gradients are averaged
+    inside each update) until it says stop; at each epoch's end send it this epoch's episodes and
+    actor stats, which its row counts, and, when it asks (SNAPSHOT: a checkpoint of a reproducible
+    run), this learner's `checkpoint_state()`."""
+    while True:
+        group.sum([loop.iteration()])
+        decision = group.decide()
+        if decision == EPOCH_END:
+            stats = loop.actor_stats
+            group.gather_objects({event: list(stats.values(event)) for event in stats.events()})
+            stats.clear()
+            loop.learner_stats.clear()  # learner 0's metrics stand for all: the weights are the same
+            decision = group.decide()
+            if decision == SNAPSHOT:
+                group.gather_objects(None if checkpoint_state is None else checkpoint_state())
+                decision = group.decide()
+        if decision == STOP:
+            return

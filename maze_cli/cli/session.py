@@ -10,6 +10,7 @@ import contextlib
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ def run_session(cfg: DictConfig, settings: Settings, run_dir: Path, resumed_from
     check_writable_dir(run_dir, "the run dir", RUN_DIR_FIX)
     quiet_full_disk_in_log_files()
     _warm_up_actor_processes(settings)
-    env_factory, observation_space, action_space = _prepare_this_process(settings)
+    env_factory, observation_space, action_space = prepare_this_process(settings)
     config = OmegaConf.to_container(cfg, resolve=True)
     trusted = trusted_targets(config)
     try:
@@ -84,7 +85,7 @@ def _warm_up_actor_processes(settings: Settings) -> None:
         warm_up_start_method(settings.runner.start_method)
 
 
-def _prepare_this_process(settings: Settings) -> tuple[EnvFactory, gym.Space, gym.Space]:
+def prepare_this_process(settings: Settings) -> tuple[EnvFactory, gym.Space, gym.Space]:
     """The checks that need torch (device, learner options, the env built once and checked), then
     this process's torch threads, SIGTERM handling and learner seed, so that everything that can fail
     on the user's input fails before an actor or learner starts. Returns the env factory and the
@@ -113,10 +114,23 @@ def _warn_images_with_mlp(settings: Settings, observation_space: gym.Space) -> N
                     f"policy=cnn is made for images (conv encoders)")
 
 
-def _train(cfg: DictConfig, settings: Settings, config: dict[str, Any], env_factory: EnvFactory, observation_space: gym.Space,
-           action_space: gym.Space, trusted: frozenset[str], resumed_from: dict[str, Any] | None, group: LearnerGroup | None,
-           run_dir: Path, started: float) -> dict:
-    """Build learner 0's run (the only one, or the one that evaluates and writes), train, write the results."""
+@dataclass
+class OpenRun:
+    """A run built and ready to train: its parts, its trainer (writing `files`) and its checkpointer."""
+
+    run: Run
+    trainer: Trainer
+    checkpointer: Checkpointer
+    files: list[StatsWriter]
+    callbacks: Callbacks
+
+
+def open_run(cfg: DictConfig, settings: Settings, config: dict[str, Any], env_factory: EnvFactory, observation_space: gym.Space,
+             action_space: gym.Space, trusted: frozenset[str], resumed_from: dict[str, Any] | None, group: LearnerGroup | None,
+             run_dir: Path, console: bool = True) -> OpenRun:
+    """Build learner 0's run (the only one, or the one that evaluates and writes) in `run_dir`: its
+    config.yaml, files (the console table too, with `console`), trainer and checkpointer, restored
+    from `resumed_from` when resumed; the actors are not started yet."""
     t = settings.train
     callbacks = Callbacks(settings.callbacks)  # before anything starts: a callback that cannot be built is one line
     run = build_run(settings, env_factory, observation_space, action_space, trusted, t.trust_checkpoint, group)
@@ -126,7 +140,7 @@ def _train(cfg: DictConfig, settings: Settings, config: dict[str, Any], env_fact
     config["algorithm"].update(run.chosen)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     jsonl, tensorboard = JsonlWriter(run_dir / "stats.jsonl"), TensorBoardWriter(run_dir / "tensorboard")
-    files = [ConsoleTable(team=bool(env_factory.agents)), jsonl, tensorboard]
+    files = [*([ConsoleTable(team=bool(env_factory.agents))] if console else []), jsonl, tensorboard]
     videos = _eval_videos(settings, run_dir, tensorboard)
     checkpointer = _checkpointer(settings, run, config, run_dir, group)
     trainer = _trainer(settings, run, env_factory, files, videos, warm_started, group, callbacks, checkpointer)
@@ -137,6 +151,16 @@ def _train(cfg: DictConfig, settings: Settings, config: dict[str, Any], env_fact
     if group is not None:  # every learner starts from learner 0's state: weights, optimizer, statistics (and a resume's own)
         group.broadcast_object({"learner": run.learner.state_dict(), "resume": checkpointer.followers_resume})
     _log_start(settings, run, env_factory, observation_space, action_space, trainer, group, run_dir)
+    return OpenRun(run, trainer, checkpointer, files, callbacks)
+
+
+def _train(cfg: DictConfig, settings: Settings, config: dict[str, Any], env_factory: EnvFactory, observation_space: gym.Space,
+           action_space: gym.Space, trusted: frozenset[str], resumed_from: dict[str, Any] | None, group: LearnerGroup | None,
+           run_dir: Path, started: float) -> dict:
+    """Build learner 0's run, train, write the results."""
+    t = settings.train
+    opened = open_run(cfg, settings, config, env_factory, observation_space, action_space, trusted, resumed_from, group, run_dir)
+    run, trainer, checkpointer, files, callbacks = opened.run, opened.trainer, opened.checkpointer, opened.files, opened.callbacks
     # last: a failure before it leaves no tracker run open; a full disk under its local files reads as for the run's own
     trackers = [WritesTo(tracker, run_dir) for tracker in build_trackers(settings.logger, run_dir, config)]
     broadcast_first = bool(t.resume or group is not None)  # (several learners: so that their policy versions agree)

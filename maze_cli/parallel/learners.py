@@ -4,7 +4,7 @@ Learner 0 is the `train` process itself. It starts learners 1..N-1 with the run'
 each builds its own run from it (its share of the actors, seeds of its own), joins the group at
 learner 0's rendezvous store, takes learner 0's learner state (weights, optimizer moments,
 statistics: a fresh start, a resume and a warm start alike; a reproducible run's resume also hands each
-learner its own saved actors and RNG) and then follows (`training.follow`).
+learner its own saved actors and RNG) and then follows (`cli.learners.follow`).
 
 Whatever ends a run, learner 0 stops the others on its way out (`stop`), so no learner outlives it;
 they stop their own actors as they go. A learner that fails reports why before it exits, so the one
