@@ -119,6 +119,14 @@ class Learner:
         for name in objective.compiled:
             setattr(objective, name, self.loss_function(getattr(objective, name), f"{objective.title} ({name})"))
 
+    def follow_optimizer_settings(self) -> None:
+        """Take the objective's optimizer settings (lr, Adam's eps, gradient clipping) as its config
+        holds them now: a key changed mid-run (population-based training) applies from the next update."""
+        for name, spec in self.objective.optimizer_groups().items():
+            group = self.groups[name]
+            group.lr, group.max_grad_norm = spec.lr, spec.max_grad_norm
+            group.optimizer.param_groups[0]["eps"] = spec.eps
+
     @property
     def policy(self) -> nn.Module:
         """The policy the actors act with (the objective's)."""

@@ -59,9 +59,14 @@ def run_train(cfg: DictConfig) -> dict:
             print(finished)  # not logged: train.log stays as it was
             return {"stop_reason": "finished", "env_steps": None, "time_s": 0.0,
                     "objective": objective(Path(settings.train.resume), settings.train)}
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if settings.train.pbt.population >= 2:
+        from maze_cli.cli.population import run_population
+
+        return run_population(cfg, settings, run_dir, started)
     from maze_cli.cli.session import run_session  # the run's modules, loaded once the config is valid
 
-    return run_session(cfg, settings, Path(HydraConfig.get().runtime.output_dir), resumed_from, started)
+    return run_session(cfg, settings, run_dir, resumed_from, started)
 
 
 _FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
@@ -143,7 +148,7 @@ def _rewritten_argv(args: list[str]) -> list[str]:
     # `init_from=<path>` is short for init_from.path=<path>, so that init_from.optimizer=... may come beside it.
     args = [f"init_from.path={a.split('=', 1)[1]}" if a.startswith("init_from=") else a for a in args]
     if any(a.startswith(("+env=", "env=")) for a in args):  # without an env, an env key is "no env chosen"
-        args = [_env_key_set(a) for a in args]
+        args = [_open_key_set(a) for a in args]
     if resume_dir and not any(a.startswith("hydra.run.dir=") for a in args):
         # A resumed run continues in its own dir; Hydra's record of the first command stays as it was.
         args += [f"hydra.run.dir={resume_dir}", "hydra.output_subdir=null"]
@@ -155,13 +160,15 @@ def _rewritten_argv(args: list[str]) -> list[str]:
     return args
 
 
-def _env_key_set(arg: str) -> str:
+def _open_key_set(arg: str) -> str:
     """`env.<key>=<value>` (or `+env.<key>=...`) as Hydra's `++env.<key>=<value>`: an env config is the user's (their own YAML,
     any `_target_`'s arguments, any env's kwargs), so no env config can list every key that may be set on
     it; one rule holds for all of them, packaged or not, with or without a default (docs/envs.md).
-    Unknown keys are still refused, by the env's own check (maze_cli.envs.factory)."""
+    Unknown keys are still refused, by the env's own check (maze_cli.envs.factory). `pbt.mutations={...}`
+    likewise: a mapping whose keys are the user's to choose (checked by maze_cli.pbt.mutations)."""
     key = arg.split("=", 1)[0].removeprefix("+")
-    return f"++{arg.removeprefix('+')}" if "=" in arg and key.startswith("env.") and key[4:] else arg
+    forced = (key.startswith("env.") and key[4:]) or key == "pbt.mutations"
+    return f"++{arg.removeprefix('+')}" if "=" in arg and forced else arg
 
 
 def main() -> None:

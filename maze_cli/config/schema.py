@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Annotated, Any, List, Optional
+from typing import Annotated, Any, Dict, List, Optional
 
-from maze_cli.config.fields import Fraction, NonNegativeFloat, NonNegativeInt, OneOf, PositiveFloat, PositiveInt, key
+from maze_cli.config.fields import Fraction, Gt, Le, NonNegativeFloat, NonNegativeInt, OneOf, PositiveFloat, PositiveInt, key
 from maze_cli.start_methods import START_METHODS
 
 
@@ -130,6 +130,36 @@ class SelfPlayConfig:
 
 
 @dataclass
+class PbtConfig:
+    """Population-based training on Ray Tune (docs/pbt.md): members that copy a better member's weights and perturb its keys."""
+
+    population: NonNegativeInt = key(0,
+                                      "members trained together, each an ordinary run with its own actors, under Ray "
+                                      "Tune's PBT scheduler; below 2: no PBT")
+    mutations: Dict[str, Any] = key({},
+                                             "the keys PBT changes and their ranges, {algorithm.<key>: [low, high]} "
+                                             "(log-uniform where both are positive and span a decade or more); only "
+                                             "keys the learner reads at each update (lr, entropy_coef, clip_range, "
+                                             "gamma, ...). Each member starts from the run's own values")
+    interval_env_steps: PositiveInt = key(50_000, "env steps of a member between two exploit-and-explore decisions")
+    synchronous: bool = key(False,
+                             "true: members wait for each other at every interval, so that they are ranked at the "
+                             "same env steps and a copy is of the better member's newest weights, but each member's "
+                             "run is rebuilt at every interval (Ray Tune stops a paused member's process); false: "
+                             "no member waits, and a member behind may copy a slower member's older checkpoint")
+    quantile_fraction: Annotated[float, Gt(0), Le(0.5)] = key(0.25,
+                                                               "the share of members at the bottom that copy one of "
+                                                               "the same share at the top")
+    resample_probability: Fraction = key(0.25,
+                                          "chance that an explored key is drawn anew from its range rather than "
+                                          "multiplied by 0.8 or 1.2")
+    scheduler: Annotated[str, OneOf("pbt", "pb2")] = key("pbt",
+                                                          "pbt: Ray Tune's PopulationBasedTraining; pb2: its PB2, "
+                                                          "which explores with a Gaussian-process bandit (needs "
+                                                          "scikit-learn)")
+
+
+@dataclass
 class TrainConfig:
     """Top-level keys of `train` (the budget and the run)."""
 
@@ -168,6 +198,7 @@ class TrainConfig:
                                   "this runs code from the file; only for files from people you trust")
     sweep: SweepConfig = field(default_factory=SweepConfig)
     selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
+    pbt: PbtConfig = field(default_factory=PbtConfig)
 
 
 @dataclass

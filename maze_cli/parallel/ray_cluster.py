@@ -29,13 +29,15 @@ def shortfall(total: dict[str, float], needs: dict[str, float], n: int) -> dict[
     return {k: v * n for k, v in needs.items() if v and total.get(k, 0.0) < v * n}
 
 
-def connect(address: str | None, cpus_needed: float, needed_by: str) -> bool:
+def connect(address: str | None, cpus_needed: float, needed_by: str, log_to_driver: bool = True) -> bool:
     """Start or join Ray unless this process already is part of it (a learner's Ray actor, or a
     `train` that connected for its learners); whether this call connected (and so must shut down).
 
     address None starts a fresh Ray here ("local"), never an accidental join of a running cluster,
     with enough CPUs for `cpus_needed`: Ray counts CPUs to place actors, it does not pin them; like
-    runner=subproc, more actors than cores share the cores rather than wait forever for a core."""
+    runner=subproc, more actors than cores share the cores rather than wait forever for a core.
+    `log_to_driver=False`: the output of Ray's workers stays in Ray's log files (a population's
+    members write their own train.log)."""
     ray = import_ray()
     if ray.is_initialized():
         return False
@@ -47,7 +49,7 @@ def connect(address: str | None, cpus_needed: float, needed_by: str) -> bool:
             log.info(f"local Ray with {needed} CPUs for {needed_by} on {cores} cores: they share the cores")
         resources["num_cpus"] = max(cores, needed)
     ray.init(address=address or "local", include_dashboard=False, logging_level=logging.WARNING, configure_logging=False,
-             **resources)
+             log_to_driver=log_to_driver, **resources)
     return True
 
 

@@ -1,0 +1,115 @@
+"""A member of a population: one ordinary maze_cli run in its own dir, which Ray Tune's PBT scheduler
+drives one interval of env steps at a time (a `tune.Trainable`, in a Ray actor of its own)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from ray import tune
+
+from maze_cli.checkpoint import load_checkpoint, save_checkpoint
+from maze_cli.cli.build import trusted_targets
+from maze_cli.cli.session import open_run, prepare_this_process
+from maze_cli.cli.settings import register_configs, validate
+from maze_cli.pbt.journal import member_dir, score_of
+from maze_cli.pbt.mutations import apply_values
+from maze_cli.seeding import derive_seed
+from maze_cli.stats.plots import draw_learning_curve
+from maze_cli.stats.writers import read_rows
+from maze_cli.training import PAUSED
+
+log = logging.getLogger("maze_cli")
+CHECKPOINT = "last.pt"  # a member's checkpoint in the dir Tune gives it
+SCORE = "score.json"  # beside it: whose it is and how it scored
+
+
+class Member(tune.Trainable):
+    """`config`: the member's `index`, the population's `run_dir`, its composed config (`base`) and the
+    current value of each key PBT changes (`algorithm.<key>`)."""
+
+    def setup(self, config: dict[str, Any]) -> None:
+        register_configs()  # (this process composed nothing: the schemas are what validation reads)
+        self.index, self.keys = config["index"], [k for k in config if k.startswith("algorithm.")]
+        self.dir = member_dir(Path(config["run_dir"]), self.index)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _log_to(self.dir / "train.log")
+        cfg = OmegaConf.create(config["base"])
+        cfg.seed = derive_seed(cfg.seed, f"pbt-member-{self.index}")  # members differ in their seeds too
+        settings = validate(cfg, [])
+        env_factory, observation_space, action_space = prepare_this_process(settings)
+        as_dict = OmegaConf.to_container(cfg, resolve=True)
+        self.trusted = trusted_targets(as_dict)
+        self.opened = open_run(cfg, settings, as_dict, env_factory, observation_space, action_space, self.trusted, None, None,
+                               self.dir, console=False)
+        self.interval = settings.train.pbt.interval_env_steps
+        self.closing = contextlib.ExitStack()
+        self.closing.enter_context(self.opened.run.runner)
+        self.closing.callback(lambda: [writer.close() for writer in self.opened.files])
+        apply_values(self.opened.run, {key: config[key] for key in self.keys})
+
+    def step(self) -> dict[str, Any]:
+        """Train one interval: to the next multiple of `pbt.interval_env_steps`, or the budget's end."""
+        trainer = self.opened.trainer
+        result = trainer.run(pause_at=(trainer.env_steps // self.interval + 1) * self.interval)
+        done = result.stop_reason != PAUSED
+        if done:
+            self.opened.checkpointer.save_last(trainer, result.stop_reason)
+            draw_learning_curve(self.dir)
+        return {"env_steps": trainer.env_steps, "score": self._score(), "best_eval": trainer.best_eval, "member": self.index,
+                "stop_reason": result.stop_reason, "done": done}
+
+    def _score(self) -> float:
+        score = score_of(read_rows(self.dir / "stats.jsonl"))
+        return float("nan") if score is None else score  # (PBT leaves a member without a score out of its ranking)
+
+    def save_checkpoint(self, checkpoint_dir: str) -> str:
+        """The member as it is now, for PBT to hand to a member that copies it: maze_cli's own checkpoint."""
+        trainer = self.opened.trainer
+        save_checkpoint(Path(checkpoint_dir) / CHECKPOINT, self.opened.checkpointer.payload(trainer, "pbt"))
+        meta = {"member": self.index, "score": self._score(), "env_steps": trainer.env_steps}
+        (Path(checkpoint_dir) / SCORE).write_text(json.dumps(meta), encoding="utf-8")
+        return checkpoint_dir
+
+    def load_checkpoint(self, checkpoint_dir: str) -> None:
+        """Go on from a member's checkpoint (another's when it exploits): weights, optimizers, normalizers
+        and counters, read as data; the actors get the weights before their next rollout."""
+        run, trainer = self.opened.run, self.opened.trainer
+        state = load_checkpoint(Path(checkpoint_dir) / CHECKPOINT, where=f"pbt member {self.index}")
+        meta = json.loads((Path(checkpoint_dir) / SCORE).read_text(encoding="utf-8"))
+        run.learner.load_state_dict(state["learner"])
+        trainer.load_state_dict(state["trainer"])
+        run.loop.load_state_dict(state["loop"])
+        run.runner.broadcast_updated_policy(run.learner.policy.state_dict())
+        if meta["member"] != self.index:
+            log.info(f"pbt: copied member {meta['member']} at {meta['env_steps']:,} env steps (score {meta['score']:.2f})")
+
+    def reset_config(self, new_config: dict[str, Any]) -> bool:
+        """The same member with explored values: they apply from the next update, no restart. Where Tune
+        hands this process another member (it reuses a paused member's process), that member's run is
+        opened here in its place (its checkpoint follows)."""
+        if new_config["index"] != self.index:
+            self.cleanup()
+            self.setup(new_config)
+            return True
+        values = {key: new_config[key] for key in self.keys}
+        apply_values(self.opened.run, values)
+        log.info("pbt: " + ", ".join(f"{key}={value:.4g}" for key, value in values.items()))
+        return True
+
+    def cleanup(self) -> None:
+        self.closing.close()
+
+
+def _log_to(path: Path) -> None:
+    """maze_cli's log lines of this member into its train.log alone: the console shows the population's lines."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] - %(message)s"))
+    logger = logging.getLogger("maze_cli")
+    logger.handlers = [handler]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False

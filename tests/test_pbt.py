@@ -1,0 +1,96 @@
+"""Population-based training (`pbt.*`): which keys may change mid-run and how a running member takes
+them, refusals before anything starts, and a population on Ray Tune end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from maze_cli.checkpoint import load_checkpoint
+from maze_cli.errors import ConfigError
+from maze_cli.pbt import journal
+from maze_cli.pbt.mutations import Mutation, apply_values, check_mutations
+from tests.cli import run_train
+from tests.helpers import processes_with_env_tag
+from tests.test_checkpoints import build
+from tests.test_cli_errors import assert_one_line_error
+
+PPO = {"_target_": "maze_cli.algorithms.ppo.Ppo", "lr": 3e-4, "entropy_coef": 0.0, "n_epochs": 4, "clip_value": None,
+       "n_rollout_steps": 64, "hidden_sizes": None}
+
+
+@pytest.mark.parametrize("mutations,needle", [
+    ({"policy.hidden_sizes": [16, 64]}, "policy.hidden_sizes cannot change mid-run"),
+    ({"algorithm.lrr": [1e-5, 1e-3]}, "did you mean 'lr'"),
+    ({"algorithm.n_rollout_steps": [16, 128]}, "algorithm.n_rollout_steps cannot change mid-run"),
+    ({"algorithm.lr": [1e-3]}, "expected a range [low, high]"),
+    ({"algorithm.lr": [1e-3, 1e-4]}, "is empty"),
+    ({"algorithm.lr": [1e-3, 1e-2]}, "outside its range"),
+    ({"algorithm.clip_value": [0.1, 0.5]}, "set a starting value"),
+    ({}, "pbt.population needs pbt.mutations"),
+])
+def test_a_key_pbt_cannot_change_is_refused_with_the_keys_it_can(mutations, needle):
+    with pytest.raises(ConfigError) as info:
+        check_mutations(mutations, PPO)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_ranges_are_log_uniform_across_decades_and_integer_keys_stay_integers():
+    lr, entropy = check_mutations({"algorithm.lr": [1e-5, 3e-3], "algorithm.entropy_coef": [0, 0.05]}, PPO)
+    assert lr.log_scale and not entropy.log_scale
+    assert lr.clip(1.0) == 3e-3 and entropy.clip(-1) == 0.0
+    (epochs,) = check_mutations({"algorithm.n_epochs": [1, 10]}, PPO)
+    assert epochs.integer and epochs.clip(4.6) == 5 and isinstance(epochs.clip(4.6), int)
+    assert not Mutation("algorithm.tau", 0.001, 0.009).log_scale  # under a decade apart
+
+
+def test_new_values_reach_a_running_learner_at_its_next_update():
+    """What a member does on an explore: the objective's config, the learner's optimizer settings and a
+    replay loop's ratio take the values, which the next update uses; weights and Adam's moments stay."""
+    run = build(["+env=cartpole", "algorithm=ppo", "runner=sequential", "policy.hidden_sizes=[8]", "runner.envs_per_actor=4",
+                 "algorithm.n_rollout_steps=16"])
+    with run.runner:
+        run.runner.broadcast_updated_policy(run.learner.policy.state_dict())
+        run.learner.update(run.runner.collect_outputs("cpu")[0])
+        group = run.learner.groups["policy"]
+        moments = [m.clone() for m in group.optimizer.exp_avg]
+        weights = {k: v.clone() for k, v in run.learner.policy.state_dict().items()}
+        apply_values(run, {"algorithm.lr": 1e-3, "algorithm.entropy_coef": 0.05, "algorithm.max_grad_norm": 0.25})
+        assert all(torch.equal(v, run.learner.policy.state_dict()[k]) for k, v in weights.items())
+        assert all(torch.equal(a, b) for a, b in zip(moments, group.optimizer.exp_avg))
+        run.learner.update(run.runner.collect_outputs("cpu")[0])
+    assert group.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * run.learner.progress_left() if group.anneal else 1e-3)
+    assert group.max_grad_norm == 0.25 and run.learner.objective.hp.entropy_coef == 0.05
+
+
+def test_a_population_on_ray_tune_trains_members_copies_the_better_and_keeps_the_best(tmp_path):
+    """Two members from a learning rate too small: at every interval the weaker copies the stronger's
+    checkpoint and perturbs its lr (a row of pbt.jsonl each), one console line per member per interval,
+    each member an ordinary run dir, the best member's checkpoint at the top, nothing left running."""
+    run_dir = tmp_path / "pop"
+    result = run_train("+env=cartpole", "runner=sequential", "pbt.population=2", "pbt.mutations={algorithm.lr: [1e-5, 3e-3]}",
+                       "algorithm.lr=1e-5", "max_env_steps=16000", "pbt.interval_env_steps=4000", "target_return=null",
+                       "eval.episodes=3", run_dir=run_dir, timeout=280, env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (run_dir / "train.log").read_text()
+    for member in (0, 1):
+        rows = [json.loads(line) for line in (run_dir / f"member_{member}" / "stats.jsonl").read_text().splitlines()]
+        assert rows[-1]["env_steps"] >= 16000
+        assert (run_dir / f"member_{member}" / "checkpoints" / "last.pt").is_file()
+        assert 3 <= log.count(f"member {member}: ") <= 6  # one line per interval: 4,096 ... 16,384
+    exploits = journal.read(run_dir)
+    assert exploits, "the weaker of two members copies the stronger at some interval"
+    for row in exploits:
+        assert row["member"] != row["copied"] and row["copied_score"] >= row["score"]
+        assert row["before"]["algorithm.lr"] != row["after"]["algorithm.lr"] and 1e-5 <= row["after"]["algorithm.lr"] <= 3e-3
+    best = load_checkpoint(run_dir / "checkpoints" / "best.pt")
+    assert "policy" in best["learner"]
+    assert (run_dir / "pbt.png").is_file()
+    assert processes_with_env_tag(result.tag) == []
+
+
+def test_a_population_with_a_key_it_cannot_change_fails_before_ray_starts(tmp_path):
+    result = run_train("+env=cartpole", "pbt.population=2", "pbt.mutations={policy.hidden_sizes: [8, 64]}", run_dir=tmp_path / "run")
+    assert_one_line_error(result, "pbt.mutations: policy.hidden_sizes cannot change mid-run", "algorithm.lr")
