@@ -26,6 +26,9 @@ from maze_cli.stats.writers import read_rows
 log = logging.getLogger("maze_cli")
 
 
+MEMBER_RESTARTS = 3  # a member that fails is started again from its last checkpoint this many times
+
+
 class PopulationFailed(MazeCliError, RuntimeError):
     """A member of the population failed; the others ran to their end."""
 
@@ -70,7 +73,7 @@ def run_population(cfg: DictConfig, settings: Settings, run_dir: Path, started: 
             tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=True),
             run_config=tune.RunConfig(name="tune", storage_path=str(run_dir.resolve()), verbose=0,
                                       callbacks=[_member_lines(mutations)], log_to_file=False,
-                                      checkpoint_config=tune.CheckpointConfig(num_to_keep=4)),
+                                      failure_config=tune.FailureConfig(max_failures=MEMBER_RESTARTS)),
         )
         log.info(f"pbt: {pbt.population} members in {run_dir}/member_<i>, {pbt.scheduler} every {pbt.interval_env_steps:,} "
                  f"env steps over {', '.join(f'{m.key} [{m.low:g}, {m.high:g}]' for m in mutations)}")
@@ -80,10 +83,21 @@ def run_population(cfg: DictConfig, settings: Settings, run_dir: Path, started: 
             results = tuner.fit()
         finally:
             tune_log.setLevel(level)
+        _prune_handed_checkpoints(run_dir / "tune")
     finally:
         if connected:
             ray.shutdown()
     return _summary(run_dir, results, start, started)
+
+
+def _prune_handed_checkpoints(tune_dir: Path) -> None:
+    """Once the population is done: of the checkpoints Tune handed between members, each member's newest
+    alone. (While it runs every one is kept: a member may copy another's checkpoint of some intervals
+    ago, which a pruning meanwhile would have deleted under it.)"""
+    for trial in tune_dir.glob("*/"):
+        handed = sorted(trial.glob("checkpoint_*"))
+        for old in handed[:-1]:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _member_resources(cpus: float, config: dict) -> dict:
@@ -138,6 +152,16 @@ def _recorded(scheduler: type) -> type:
             if decision == TrialScheduler.PAUSE and not self._synch and trial.status != Trial.PAUSED:
                 return TrialScheduler.CONTINUE
             return decision
+
+        def _checkpoint_or_exploit(self, trial, tune_controller, upper_quantile, lower_quantile):
+            """A member at the bottom copies one at the top; every other member saves its checkpoint at
+            each report. (The scheduler saves only a member that is at the top at its own report, so
+            with members reporting one by one the member at the top when another reports had often
+            no checkpoint to copy, and the copy was skipped.)"""
+            if trial in lower_quantile:
+                super()._checkpoint_or_exploit(trial, tune_controller, upper_quantile, lower_quantile)
+            else:
+                super()._checkpoint_or_exploit(trial, tune_controller, [trial], [])
 
         def _get_new_config(self, trial, trial_to_clone):
             """The clone's explored values of the changed keys, and the member's own everything else

@@ -1,0 +1,96 @@
+"""Population-based training against single runs from the same start (`docs/pbt.md`).
+
+    python benchmarks/pbt.py run --seeds 1 2 3                       # CartPole from lr=1e-5, 4 members, 1M env steps each
+    python benchmarks/pbt.py run --seeds 1 --single                  # the single runs from the same lr, same seeds
+    python benchmarks/pbt.py report
+
+Each population is `train +env=cartpole pbt.population=4 'pbt.mutations={algorithm.lr: [1e-5, 3e-3]}'
+algorithm.lr=1e-5 max_env_steps=1000000 seed=<s>` (each member's budget; the packaged CartPole config stops a
+member that reaches its target); a single run is the same command without `pbt.*`. Judged by the same rule on
+both sides: the best evaluation any run of the command reached (for a population: its best member's). Rows go
+to benchmarks/results/pbt.jsonl; `report` prints a table with every seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TRAIN = Path(sys.executable).with_name("train")
+
+RESULTS = Path(__file__).parent / "results" / "pbt.jsonl"
+TASK = ["+env=cartpole", "algorithm.lr=1e-5", "max_env_steps=1000000"]
+POPULATION = ["pbt.population=4", "pbt.mutations={algorithm.lr: [1e-5, 3e-3]}"]
+
+
+def best_eval(run_dir: Path) -> tuple[float | None, int]:
+    """The best evaluation of the runs under `run_dir` (a population's members, or the run itself) and the
+    env steps they trained in all."""
+    best, steps = None, 0
+    for stats in [run_dir / "stats.jsonl", *sorted(run_dir.glob("member_*/stats.jsonl"))]:
+        if not stats.is_file():
+            continue
+        rows = [json.loads(line) for line in stats.read_text().splitlines() if line.strip()]
+        evals = [row["eval/return_mean"] for row in rows if "eval/return_mean" in row]
+        if evals:
+            best = max(evals) if best is None else max(best, max(evals))
+        steps += max((row["env_steps"] for row in rows), default=0)
+    return best, steps
+
+
+def run(seeds: list[int], single: bool, results: Path, runs_dir: Path) -> None:
+    for seed in seeds:
+        label = "single" if single else "pbt-4"
+        overrides = [*TASK, *([] if single else POPULATION), f"seed={seed}"]
+        run_dir = runs_dir / f"{label}-seed{seed}"
+        start = time.perf_counter()
+        env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")}
+        proc = subprocess.run([str(TRAIN), *overrides, f"hydra.run.dir={run_dir}"], capture_output=True, text=True, env=env,
+                              stdin=subprocess.DEVNULL, timeout=4 * 3600)
+        if proc.returncode != 0:
+            raise SystemExit(f"train {' '.join(overrides)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        best, steps = best_eval(run_dir)
+        exploits = len((run_dir / "pbt.jsonl").read_text().splitlines()) if (run_dir / "pbt.jsonl").is_file() else 0
+        row = {"label": label, "seed": seed, "best_eval": best, "env_steps": steps, "exploits": exploits,
+               "wall_s": time.perf_counter() - start, "command": "train " + " ".join(overrides)}
+        with results.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+
+
+def report(results: Path) -> None:
+    rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    print("| command | seed | best evaluation | env steps in all | exploits | wall (s) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for row in sorted(rows, key=lambda r: (r["label"], r["seed"])):
+        print(f"| {row['label']} | {row['seed']} | {row['best_eval']:.1f} | {row['env_steps']:,} | {row['exploits']} | "
+              f"{row['wall_s']:.0f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    go = sub.add_parser("run")
+    go.add_argument("--seeds", type=int, nargs="+", required=True)
+    go.add_argument("--single", action="store_true", help="single runs from the same start instead of populations")
+    go.add_argument("--results", type=Path, default=RESULTS)
+    go.add_argument("--runs-dir", type=Path, help="where the run dirs go (default: a new temporary folder, kept)")
+    rep = sub.add_parser("report")
+    rep.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.command == "run":
+        runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="maze-pbt-"))
+        print(f"run dirs under {runs_dir}", flush=True)
+        run(args.seeds, args.single, args.results, runs_dir)
+    else:
+        report(args.results)
+
+
+if __name__ == "__main__":
+    main()
