@@ -65,12 +65,15 @@ def test_new_values_reach_a_running_learner_at_its_next_update():
     assert group.max_grad_norm == 0.25 and run.learner.objective.hp.entropy_coef == 0.05
 
 
+@pytest.mark.slow
 def test_a_population_on_ray_tune_trains_members_copies_the_better_and_keeps_the_best(tmp_path):
-    """Two members from a learning rate too small: at every interval the weaker copies the stronger's
-    checkpoint and perturbs its lr (a row of pbt.jsonl each), one console line per member per interval,
-    each member an ordinary run dir, the best member's checkpoint at the top, nothing left running."""
+    """Two members from a learning rate too small, synchronous (so that they meet at every interval
+    whatever the machine's load): the weaker copies the stronger's checkpoint and perturbs its lr (a
+    row of pbt.jsonl each), one console line per member per interval, each member an ordinary run dir,
+    the best member's checkpoint at the top, nothing left running."""
     run_dir = tmp_path / "pop"
     result = run_train("+env=cartpole", "runner=sequential", "pbt.population=2", "pbt.mutations={algorithm.lr: [1e-5, 3e-3]}",
+                       "pbt.synchronous=true",
                        "algorithm.lr=1e-5", "max_env_steps=16000", "pbt.interval_env_steps=4000", "target_return=null",
                        "eval.episodes=3", run_dir=run_dir, timeout=280, env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -79,12 +82,15 @@ def test_a_population_on_ray_tune_trains_members_copies_the_better_and_keeps_the
         rows = [json.loads(line) for line in (run_dir / f"member_{member}" / "stats.jsonl").read_text().splitlines()]
         assert rows[-1]["env_steps"] >= 16000
         assert (run_dir / f"member_{member}" / "checkpoints" / "last.pt").is_file()
-        assert 3 <= log.count(f"member {member}: ") <= 6  # one line per interval: 4,096 ... 16,384
+        # one line per interval it trained: 4,096 ... 16,384 (fewer where a copy took it ahead with the other's counters)
+        assert 1 <= log.count(f"member {member}: ") <= 5
+    assert log.count("member 0: ") + log.count("member 1: ") >= 5
     exploits = journal.read(run_dir)
     assert exploits, "the weaker of two members copies the stronger at some interval"
     for row in exploits:
         assert row["member"] != row["copied"] and row["copied_score"] >= row["score"]
-        assert row["before"]["algorithm.lr"] != row["after"]["algorithm.lr"] and 1e-5 <= row["after"]["algorithm.lr"] <= 3e-3
+        assert 1e-5 <= row["after"]["algorithm.lr"] <= 3e-3
+    assert any(row["before"]["algorithm.lr"] != row["after"]["algorithm.lr"] for row in exploits)
     best = load_checkpoint(run_dir / "checkpoints" / "best.pt")
     assert "policy" in best["learner"]
     assert (run_dir / "pbt.png").is_file()

@@ -39,7 +39,10 @@ class Member(tune.Trainable):
         self.dir.mkdir(parents=True, exist_ok=True)
         _log_to(self.dir / "train.log")
         cfg = OmegaConf.create(config["base"])
-        cfg.seed = derive_seed(cfg.seed, f"pbt-member-{self.index}")  # members differ in their seeds too
+        # Members differ in their seeds, and so does each start of a member (Tune restarts a member to
+        # copy another, and every interval when synchronous): its actors' episodes never repeat.
+        starts = len(read_rows(self.dir / "stats.jsonl"))
+        cfg.seed = derive_seed(cfg.seed, f"pbt-member-{self.index}-after-{starts}-epochs")
         settings = validate(cfg, [])
         env_factory, observation_space, action_space = prepare_this_process(settings)
         as_dict = OmegaConf.to_container(cfg, resolve=True)
