@@ -16,7 +16,7 @@ from maze_cli.checkpoint import load_checkpoint, save_checkpoint
 from maze_cli.cli.build import trusted_targets
 from maze_cli.cli.session import open_run, prepare_this_process
 from maze_cli.cli.settings import register_configs, validate
-from maze_cli.pbt.journal import member_dir, score_of
+from maze_cli.pbt.journal import member_dir, score_of, take_copy_order
 from maze_cli.pbt.mutations import apply_values
 from maze_cli.seeding import derive_seed
 from maze_cli.stats.plots import draw_learning_curve
@@ -57,6 +57,11 @@ class Member(tune.Trainable):
 
     def step(self) -> dict[str, Any]:
         """Train one interval: to the next multiple of `pbt.interval_env_steps`, or the budget's end."""
+        order = take_copy_order(self.dir)
+        if order is not None:  # the scheduler found this member at the bottom: copy and explore
+            self.load_checkpoint(order["checkpoint"])
+            apply_values(self.opened.run, order["values"])
+            log.info("pbt: " + ", ".join(f"{key}={value:.4g}" for key, value in order["values"].items()))
         trainer = self.opened.trainer
         result = trainer.run(pause_at=(trainer.env_steps // self.interval + 1) * self.interval)
         done = result.stop_reason != PAUSED

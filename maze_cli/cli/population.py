@@ -170,9 +170,18 @@ def _recorded(scheduler: type) -> type:
             return {**trial.config, **{key: explored[key] for key in self._keys}}, operations
 
         def _exploit(self, tune_controller, trial, trial_to_clone):
+            """The member copies `trial_to_clone`'s newest checkpoint and explores, in its own process at
+            the start of its next interval (a copy order in its dir: maze_cli.cli.member), where the
+            scheduler would pause it and start its process anew from the checkpoint: a copy costs a
+            checkpoint's load, not a start of the member's run and actors."""
             state, donor = self._trial_state[trial], self._trial_state[trial_to_clone]
             before = {key: trial.config[key] for key in self._keys}
-            super()._exploit(tune_controller, trial, trial_to_clone)
+            new_config, _ = self._get_new_config(trial, trial_to_clone)
+            trial.set_config(new_config)
+            journal.order_copy(member_dir(Path(trial.config["run_dir"]), trial.config["index"]), donor.last_checkpoint.path,
+                               {key: new_config[key] for key in self._keys}, trial_to_clone.config["index"])
+            self._num_perturbations += 1
+            state.last_perturbation_time, state.last_train_time = donor.last_perturbation_time, donor.last_train_time
             row = {"env_steps": (state.last_result or {}).get("env_steps"), "member": trial.config["index"],
                    "copied": trial_to_clone.config["index"], "score": state.last_score, "copied_score": donor.last_score,
                    "before": before, "after": {key: trial.config[key] for key in self._keys}}

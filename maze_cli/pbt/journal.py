@@ -4,6 +4,7 @@ the changed keys before and after, both scores), and what a person reads of a fi
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,28 @@ def score_of(rows: list[dict[str, Any]]) -> float | None:
             if row.get(key) is not None:
                 return float(row[key])
     return None
+
+
+COPY_ORDER = "copy.json"  # in a member's dir: the checkpoint it copies and the values it explores, before its next interval
+
+
+def order_copy(member: Path, checkpoint: str, values: dict[str, float], donor: int) -> None:
+    """Tell a member to copy `checkpoint` (a finished save: the scheduler waits for it) and take `values`
+    before it trains on; written whole (a temp file renamed), so the member never reads half of it."""
+    temp = member / f".{COPY_ORDER}.tmp"
+    with writing(temp):
+        temp.write_text(json.dumps({"checkpoint": checkpoint, "values": values, "donor": donor}), encoding="utf-8")
+    os.replace(temp, member / COPY_ORDER)
+
+
+def take_copy_order(member: Path) -> dict[str, Any] | None:
+    """The copy order waiting for this member, removed as it is read (None: none)."""
+    path = member / COPY_ORDER
+    if not path.is_file():
+        return None
+    order = json.loads(path.read_text(encoding="utf-8"))
+    path.unlink()
+    return order
 
 
 def record(run_dir: Path, row: dict[str, Any]) -> None:
