@@ -2,6 +2,7 @@
 
     python benchmarks/pbt.py run --seeds 1 2 3                       # CartPole from lr=1e-5, 4 members, 1M env steps each
     python benchmarks/pbt.py run --seeds 1 --single                  # the single runs from the same lr, same seeds
+    python benchmarks/pbt.py cost --seeds 1 2 3                      # PBT's own cost: a population against 4 runs side by side
     python benchmarks/pbt.py report
 
 Each population is `train +env=cartpole pbt.population=4 'pbt.mutations={algorithm.lr: [1e-5, 3e-3]}'
@@ -64,13 +65,46 @@ def run(seeds: list[int], single: bool, results: Path, runs_dir: Path) -> None:
         print(json.dumps(row), flush=True)
 
 
+def cost(seeds: list[int], results: Path, runs_dir: Path) -> None:
+    """The population's env steps per second against the same 4 runs side by side without PBT (4 `train`
+    processes started together), both to the full budget (`target_return=null`), one after the other."""
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")}
+    for seed in seeds:
+        common = [*TASK, "target_return=null", f"seed={seed}"]
+        start = time.perf_counter()
+        population = runs_dir / f"cost-pbt-seed{seed}"
+        subprocess.run([str(TRAIN), *common, *POPULATION, f"hydra.run.dir={population}"], check=True, capture_output=True,
+                       env=env, stdin=subprocess.DEVNULL)
+        pbt_s = time.perf_counter() - start
+        pbt_steps = best_eval(population)[1]
+        start = time.perf_counter()
+        procs = [subprocess.Popen([str(TRAIN), *common[:-1], f"seed={seed * 100 + i}", f"hydra.run.dir={runs_dir / f'cost-side-seed{seed}-{i}'}"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, stdin=subprocess.DEVNULL)
+                 for i in range(4)]
+        if any(proc.wait() for proc in procs):
+            raise SystemExit("a run side by side failed")
+        side_s = time.perf_counter() - start
+        side_steps = sum(best_eval(runs_dir / f"cost-side-seed{seed}-{i}")[1] for i in range(4))
+        row = {"label": "cost", "seed": seed, "pbt_steps_per_s": pbt_steps / pbt_s, "side_by_side_steps_per_s": side_steps / side_s,
+               "ratio": (pbt_steps / pbt_s) / (side_steps / side_s), "pbt_wall_s": pbt_s, "side_by_side_wall_s": side_s}
+        with results.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+
+
 def report(results: Path) -> None:
     rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     print("| command | seed | best evaluation | env steps in all | exploits | wall (s) |")
     print("|---|---:|---:|---:|---:|---:|")
-    for row in sorted(rows, key=lambda r: (r["label"], r["seed"])):
+    for row in sorted((r for r in rows if r["label"] != "cost"), key=lambda r: (r["label"], r["seed"])):
         print(f"| {row['label']} | {row['seed']} | {row['best_eval']:.1f} | {row['env_steps']:,} | {row['exploits']} | "
               f"{row['wall_s']:.0f} |")
+    costs = [r for r in rows if r["label"] == "cost"]
+    if costs:
+        print("\n| seed | population env steps/s | 4 runs side by side env steps/s | ratio |")
+        print("|---:|---:|---:|---:|")
+        for row in costs:
+            print(f"| {row['seed']} | {row['pbt_steps_per_s']:,.0f} | {row['side_by_side_steps_per_s']:,.0f} | {row['ratio']:.2f}x |")
 
 
 def main() -> None:
@@ -81,13 +115,20 @@ def main() -> None:
     go.add_argument("--single", action="store_true", help="single runs from the same start instead of populations")
     go.add_argument("--results", type=Path, default=RESULTS)
     go.add_argument("--runs-dir", type=Path, help="where the run dirs go (default: a new temporary folder, kept)")
+    price = sub.add_parser("cost")
+    price.add_argument("--seeds", type=int, nargs="+", required=True)
+    price.add_argument("--results", type=Path, default=RESULTS)
+    price.add_argument("--runs-dir", type=Path)
     rep = sub.add_parser("report")
     rep.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args()
-    if args.command == "run":
+    if args.command in ("run", "cost"):
         runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="maze-pbt-"))
         print(f"run dirs under {runs_dir}", flush=True)
-        run(args.seeds, args.single, args.results, runs_dir)
+        if args.command == "run":
+            run(args.seeds, args.single, args.results, runs_dir)
+        else:
+            cost(args.seeds, args.results, runs_dir)
     else:
         report(args.results)
 
