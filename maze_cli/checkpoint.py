@@ -27,7 +27,7 @@ import torch
 
 from maze_cli.disk import writing
 from maze_cli.distributed import SNAPSHOT
-from maze_cli.errors import CheckpointError, first_line
+from maze_cli.errors import CheckpointError, CorruptCheckpoint, first_line
 
 if TYPE_CHECKING:
     from maze_cli.evaluation import Snapshot
@@ -39,7 +39,7 @@ READABLE = (2, 3)  # format 2 is read as 3 (`upgraded_learner_state`)
 _saves = itertools.count()  # a temp file name for each save of this process
 
 
-def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
+def save_checkpoint(path: Path, payload: dict[str, Any], previous: Path | None = None) -> None:
     """Write `payload` to `path` so that a reader never sees a truncated file.
 
     Each save writes a temp file of its own name and renames it. An interrupt (Ctrl-C, SIGTERM)
@@ -51,18 +51,22 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     A full disk raises `DiskFull` naming `path` (torch's message has lost the errno: the filesystem,
     full at that moment, tells), and the temp file is removed, so `path` stays the last good
     checkpoint. (torch gets the path, not an open file: a writer left alive as above would write
-    into a closed file when collected, and that aborts the process.)
+    into a closed file when collected, and that aborts the process.) `previous`: where the file
+    `path` held before goes, as the checkpoint to fall back on should `path` be found corrupt.
     """
-    _write_atomically(path, lambda tmp: torch.save({"format": FORMAT, "version": VERSION, **payload}, tmp))
+    _write_atomically(path, lambda tmp: torch.save({"format": FORMAT, "version": VERSION, **payload}, tmp), previous)
 
 
-def _write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """`write` a temp file of its own beside `path`, then rename it to `path` (see save_checkpoint)."""
+def _write_atomically(path: Path, write: Callable[[Path], None], previous: Path | None = None) -> None:
+    """`write` a temp file of its own beside `path`, then rename it to `path` (see save_checkpoint),
+    the file it replaces renamed to `previous` first where given."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{next(_saves)}")
     try:
         with writing(path):
             path.parent.mkdir(parents=True, exist_ok=True)
             write(tmp)
+            if previous is not None and path.is_file():
+                os.replace(path, previous)
             os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -78,13 +82,13 @@ def load_checkpoint(path: Path | str, trust: bool = False, where: str | None = N
         raise CheckpointError(f"{where}: no such checkpoint file")
     with path.open("rb") as f:
         if f.read(4) != b"PK\x03\x04":  # torch's zip format (older raw pickles would run code to load)
-            raise CheckpointError(f"{where}: not a maze_cli checkpoint (not a torch checkpoint file at all)")
+            raise CorruptCheckpoint(f"{where}: not a maze_cli checkpoint (not a torch checkpoint file at all)")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=not trust)
     except pickle.UnpicklingError as err:
         raise CheckpointError(_unsafe_message(path, where, err)) from None
     except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, EOFError, ... for broken files
-        raise CheckpointError(_unreadable_message(where, err)) from None
+        raise CorruptCheckpoint(_unreadable_message(where, err)) from None
     if isinstance(payload, dict) and "format" not in payload and {"policy_blueprint", "learner"} <= set(payload):
         raise CheckpointError(f"{where}: written by maze_cli 0.1 (checkpoint format 1), which this version does not read; "
                               f"train again with this version")
@@ -192,6 +196,7 @@ def policy_from_payload(payload: dict[str, Any], trusted: Iterable[str] = (), tr
 
 
 ACTORS_FILE = "actors.pkl"
+PREVIOUS = "previous.pt"  # the last.pt before the newest, what a resume falls back on if last.pt is found corrupt
 
 
 def follower_state(run, with_replay_buffer: bool) -> dict[str, Any] | None:
@@ -252,6 +257,7 @@ class Checkpointer:
         self._actors_saved: tuple[str, int] | None = None  # (token, env steps) of the last actors.pkl written
         self._followers: tuple[int, list] | None = None  # (env steps, states) the other learners gave last
         self.followers_resume: list | None = None  # resume: the other learners' saved states, for them to restore
+        self._last_saved_at: int | None = None  # the env steps of the last.pt this process wrote last
 
     def _at_interval(self, trainer: Trainer) -> bool:
         return trainer.epoch % self.interval == 0
@@ -329,7 +335,11 @@ class Checkpointer:
         token = self._actors_token(trainer.env_steps)
         if token is not None and reason != "interrupted":
             payload["actors_token"] = token
-        save_checkpoint(self.directory / "last.pt", payload)
+        # the last.pt it replaces stays as previous.pt, unless it was written at this very step (the run's end
+        # right after its epoch's checkpoint): previous.pt is then kept as what to fall back on
+        rotated = trainer.env_steps != self._last_saved_at
+        save_checkpoint(self.directory / "last.pt", payload, previous=self.directory / PREVIOUS if rotated else None)
+        self._last_saved_at = trainer.env_steps
 
     def on_epoch_end(self, trainer: Trainer, stats: dict[str, Any]) -> None:
         # a snapshot's evaluation (eval.background) judged older weights: save_best_snapshot wrote those

@@ -31,6 +31,10 @@ class CheckpointError(ConfigError):
     """A checkpoint that cannot be used: unreadable, not maze_cli's, from another version, or untrusted."""
 
 
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint file that is cut short or garbled (a crash or a full disk while it was written)."""
+
+
 class EnvConfigError(ConfigError):
     """An env config that cannot produce an env."""
 

@@ -162,6 +162,32 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
     assert extended.returncode == 0 and read_stats(run_dir)[-1]["env_steps"] >= 6000
 
 
+def test_a_corrupt_last_checkpoint_gives_way_to_the_newest_intact_one_at_resume(tmp_path):
+    """last.pt cut short (a crash or a full disk while it was written): the resume says so in one line
+    and goes on from previous.pt, the last.pt before it, rewinding the rows written after it; with no
+    intact checkpoint left it is refused in one line, as before."""
+    run_dir = tmp_path / "run"
+    assert run_train("+env=cartpole", "runner=sequential", "max_env_steps=4096", "epoch_length=1", "eval.interval=0",
+                     "checkpoint.interval=1", run_dir=run_dir).returncode == 0
+    checkpoints = run_dir / "checkpoints"
+    previous_steps = torch.load(checkpoints / "previous.pt", weights_only=True)["trainer"]["env_steps"]
+    last = checkpoints / "last.pt"
+    assert previous_steps < torch.load(last, weights_only=True)["trainer"]["env_steps"]
+    last.write_bytes(last.read_bytes()[:1000])
+    result = run_train(f"resume={run_dir}", "max_env_steps=8192")
+    assert result.returncode == 0, result.stderr
+    log = (run_dir / "train.log").read_text()
+    assert "truncated or corrupt checkpoint" in log and "resuming from checkpoints/previous.pt instead" in log
+    assert f"{previous_steps:,} env steps" in log
+    rows = read_stats(run_dir)
+    assert rows[-1]["env_steps"] >= 8192 and len({row["epoch"] for row in rows}) == len(rows)  # no epoch twice
+    for name in ("last.pt", "previous.pt", "best.pt"):
+        (checkpoints / name).write_bytes(b"garbage")
+    refused = run_train(f"resume={run_dir}", "max_env_steps=20000")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "checkpoints/last.pt: not a maze_cli checkpoint" in refused.stderr and "no intact previous.pt or best.pt" in refused.stderr
+
+
 def test_resume_refuses_to_change_anything_but_the_budget(tmp_path):
     run_dir = tmp_path / "run"
     assert run_train("+env=cartpole", "runner=sequential", "max_env_steps=2048", run_dir=run_dir).returncode == 0

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the session's types: `train` imports their modules once the
 
 log = logging.getLogger("maze_cli")
 
+CHECKPOINTS = ("last.pt", "previous.pt", "best.pt")  # what a resume reads, the first intact one of the newest
 # Keys a resumed run may change; everything else comes from the run's saved config.
 RESUMABLE_KEYS = {"max_env_steps", "max_time_s", "target_return", "target_window", "epoch_length", "eval", "checkpoint",
                   "device", "torch_threads", "learner", "resume", "trust_checkpoint", "callbacks", "sweep"}
@@ -31,7 +32,7 @@ RESUMABLE_KEYS = {"max_env_steps", "max_time_s", "target_return", "target_window
 def resumed_config(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
     """The saved config of the run in `cfg.resume`, with this command's budget `overrides` on top."""
     run_dir = Path(cfg.resume)
-    if not (run_dir / "config.yaml").is_file() or not (run_dir / "checkpoints" / "last.pt").is_file():
+    if not (run_dir / "config.yaml").is_file() or not any((run_dir / "checkpoints" / name).is_file() for name in CHECKPOINTS):
         raise ConfigError(f"resume={cfg.resume}: not a run dir with config.yaml and checkpoints/last.pt")
     saved = OmegaConf.load(run_dir / "config.yaml")
     changed = {o.split("=", 1)[0].lstrip("+~").split(".")[0] for o in overrides} - {"tuning"}
@@ -46,11 +47,34 @@ def resumed_config(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
 
 def read_last_checkpoint(t: TrainConfig) -> dict[str, Any]:
     """The run's last.pt, read once, before anything starts: whether the run is finished is judged
-    on it, and the trainer restores it."""
+    on it, and the trainer restores it. A last.pt that is missing, cut short or garbled (a crash or a
+    full disk while it was written) gives way to the newest intact one of previous.pt (the last.pt
+    before it) and best.pt, said in one line; with none intact, the run is refused as before."""
     from maze_cli.checkpoint import load_checkpoint  # the session's module: needed before it only with resume=
+    from maze_cli.errors import CorruptCheckpoint
 
-    run_dir = Path(t.resume)
-    return load_checkpoint(run_dir / "checkpoints" / "last.pt", t.trust_checkpoint, where=f"resume={run_dir}")
+    checkpoints, where = Path(t.resume) / "checkpoints", f"resume={t.resume}: checkpoints/"
+    try:
+        if not (checkpoints / "last.pt").is_file():  # (a crash between the renames of a save)
+            raise CorruptCheckpoint(f"{where}last.pt is missing")
+        return load_checkpoint(checkpoints / "last.pt", t.trust_checkpoint, where=f"{where}last.pt")
+    except CorruptCheckpoint as err:
+        broken = err
+    intact = []
+    for name in CHECKPOINTS[1:]:
+        if not (checkpoints / name).is_file():
+            continue
+        try:
+            intact.append((name, load_checkpoint(checkpoints / name, t.trust_checkpoint, where=f"{where}{name}")))
+        except CorruptCheckpoint:
+            continue
+    if not intact:
+        raise CorruptCheckpoint(f"{broken}, and no intact {' or '.join(CHECKPOINTS[1:])} beside it to resume from")
+    name, saved = max(intact, key=lambda named: named[1]["trainer"]["env_steps"])
+    counters = saved["trainer"]
+    log.warning(f"{broken}; resuming from checkpoints/{name} instead, the newest intact checkpoint (epoch {counters['epoch']}, "
+                f"{counters['env_steps']:,} env steps)")
+    return saved
 
 
 def finished(saved: dict[str, Any], run_dir: Path, t: TrainConfig) -> str | None:
