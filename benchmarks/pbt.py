@@ -65,12 +65,13 @@ def run(seeds: list[int], single: bool, results: Path, runs_dir: Path) -> None:
         print(json.dumps(row), flush=True)
 
 
-def cost(seeds: list[int], results: Path, runs_dir: Path) -> None:
+def cost(seeds: list[int], results: Path, runs_dir: Path, budget: int) -> None:
     """The population's env steps per second against the same 4 runs side by side without PBT (4 `train`
-    processes started together), both to the full budget (`target_return=null`), one after the other."""
+    processes started together), both to the full budget (`target_return=null`), one after the other;
+    each side's time is its commands' whole wall time, start-up included."""
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")}
     for seed in seeds:
-        common = [*TASK, "target_return=null", f"seed={seed}"]
+        common = [*TASK[:-1], f"max_env_steps={budget}", "target_return=null", f"seed={seed}"]
         start = time.perf_counter()
         population = runs_dir / f"cost-pbt-seed{seed}"
         subprocess.run([str(TRAIN), *common, *POPULATION, f"hydra.run.dir={population}"], check=True, capture_output=True,
@@ -85,7 +86,7 @@ def cost(seeds: list[int], results: Path, runs_dir: Path) -> None:
             raise SystemExit("a run side by side failed")
         side_s = time.perf_counter() - start
         side_steps = sum(best_eval(runs_dir / f"cost-side-seed{seed}-{i}")[1] for i in range(4))
-        row = {"label": "cost", "seed": seed, "pbt_steps_per_s": pbt_steps / pbt_s, "side_by_side_steps_per_s": side_steps / side_s,
+        row = {"label": "cost", "seed": seed, "budget": budget, "pbt_steps_per_s": pbt_steps / pbt_s, "side_by_side_steps_per_s": side_steps / side_s,
                "ratio": (pbt_steps / pbt_s) / (side_steps / side_s), "pbt_wall_s": pbt_s, "side_by_side_wall_s": side_s}
         with results.open("a") as f:
             f.write(json.dumps(row) + "\n")
@@ -101,10 +102,11 @@ def report(results: Path) -> None:
               f"{row['wall_s']:.0f} |")
     costs = [r for r in rows if r["label"] == "cost"]
     if costs:
-        print("\n| seed | population env steps/s | 4 runs side by side env steps/s | ratio |")
-        print("|---:|---:|---:|---:|")
+        print("\n| env steps a run | seed | population env steps/s | 4 runs side by side env steps/s | ratio |")
+        print("|---:|---:|---:|---:|---:|")
         for row in costs:
-            print(f"| {row['seed']} | {row['pbt_steps_per_s']:,.0f} | {row['side_by_side_steps_per_s']:,.0f} | {row['ratio']:.2f}x |")
+            print(f"| {row.get('budget', 1_000_000):,} | {row['seed']} | {row['pbt_steps_per_s']:,.0f} | "
+                  f"{row['side_by_side_steps_per_s']:,.0f} | {row['ratio']:.2f}x |")
 
 
 def main() -> None:
@@ -119,6 +121,7 @@ def main() -> None:
     price.add_argument("--seeds", type=int, nargs="+", required=True)
     price.add_argument("--results", type=Path, default=RESULTS)
     price.add_argument("--runs-dir", type=Path)
+    price.add_argument("--budget", type=int, default=1_000_000, help="each run's (each member's) env steps")
     rep = sub.add_parser("report")
     rep.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -128,7 +131,7 @@ def main() -> None:
         if args.command == "run":
             run(args.seeds, args.single, args.results, runs_dir)
         else:
-            cost(args.seeds, args.results, runs_dir)
+            cost(args.seeds, args.results, runs_dir, args.budget)
     else:
         report(args.results)
 

@@ -233,6 +233,9 @@ def _summary(run_dir: Path, results: Any, start: dict[str, float], started: floa
     shown = "none scored" if best is None else f"best member {best} (score {scored[best]:.2f}); checkpoints/best.pt is its best.pt"
     log.info(f"pbt: {len(members)} members, {exploits} exploits, {shown}; {run_dir / journal.JOURNAL}"
              f"{', ' + str(plot) if plot else ''}; {time.perf_counter() - started:.0f} s")
+    if any(r.error is None and not (r.metrics or {}).get("done") for r in results):  # Tune stopped them on Ctrl-C
+        log.info("interrupted: every member stopped (each member's stats and checkpoints up to its last interval are in its dir)")
+        raise KeyboardInterrupt
     failed = [r.config.get("index") for r in results if r.error is not None]
     if failed:
         raise PopulationFailed(f"member{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))} failed: see "
