@@ -27,7 +27,7 @@ from maze_cli.stats.aggregator import EpochStatsAggregator
 from maze_cli.stats.writers import StatsWriter
 
 log = logging.getLogger("maze_cli")
-PAUSED = "paused"  # `Trainer.run(pause_at=...)` returned before the budget's end
+PAUSED = "paused"  # `Trainer.run(pause_at=...)` returned at an epoch's end, before the budget's end
 
 
 @dataclass
@@ -89,7 +89,6 @@ class Trainer:
         self.time_offset = 0.0  # seconds trained before a resume
         self.best_eval: float | None = None
         self.window: deque[float] = deque(maxlen=budget.target_window)
-        self._pause_at: int | None = None  # run()'s
 
     def state_dict(self) -> dict[str, Any]:
         """Counters a resumed run continues from."""
@@ -123,8 +122,6 @@ class Trainer:
             return "max_env_steps"
         if b.max_time_s is not None and self.time_offset + elapsed >= b.max_time_s:
             return "max_time_s"
-        if self._pause_at is not None and self.env_steps >= self._pause_at:
-            return PAUSED
         return None
 
     @property
@@ -138,11 +135,11 @@ class Trainer:
     def run(self, trackers: Sequence[StatsWriter] = (), pause_at: int | None = None) -> TrainResult:
         """Train to the budget's end. `trackers`: writers that get every row of this run besides
         `writers` (experiment trackers, opened by the caller at the last moment, closed by it).
-        `pause_at`: return once this many env steps are trained, with the stop reason `PAUSED` and no
-        closing line (a population's member between two reports): the epoch ends there, evaluated as
-        at a budget's end; the next call goes on from there, its clock too."""
+        `pause_at`: return at the end of the first epoch that reaches this many env steps, with the stop
+        reason `PAUSED` and no closing line (a population's member between two reports); the next call
+        goes on from there, its clock too. (At an epoch's end: a pause costs no row or evaluation of
+        its own.)"""
         self._writing_to = [*self.writers, *trackers]
-        self._pause_at = pause_at
         start = self._start = time.perf_counter()
         first_epoch, first_steps = self.epoch, self.env_steps
         reason = None
@@ -155,6 +152,8 @@ class Trainer:
         ) as bar:
             while reason is None:
                 reason = self._epoch(start, bar)
+                if reason is None and pause_at is not None and self.env_steps >= pause_at:
+                    reason = PAUSED
         self._end = time.perf_counter()
         elapsed = self._end - start
         if reason == PAUSED:  # this part's seconds join those before, as a resumed run's do
@@ -277,7 +276,7 @@ class Trainer:
             self.best_eval = eval_mean
         stats["eval/best_return_mean"] = self.best_eval
         target = self.budget.target_return
-        if reason in (None, PAUSED) and target is not None and eval_mean >= target:
+        if reason is None and target is not None and eval_mean >= target:
             return "target_return"
         return reason
 
