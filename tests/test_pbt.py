@@ -100,3 +100,27 @@ def test_a_population_on_ray_tune_trains_members_copies_the_better_and_keeps_the
 def test_a_population_with_a_key_it_cannot_change_fails_before_ray_starts(tmp_path):
     result = run_train("+env=cartpole", "pbt.population=2", "pbt.mutations={policy.hidden_sizes: [8, 64]}", run_dir=tmp_path / "run")
     assert_one_line_error(result, "pbt.mutations: policy.hidden_sizes cannot change mid-run", "algorithm.lr")
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_member_of_a_population_on_ray_and_leaves_nothing_running(tmp_path):
+    """SIGINT while the members train with actors of their own: the command ends as interrupted, each
+    member's rows so far are in its dir, and no process of the population (Ray's included) is left."""
+    import signal
+
+    from tests.helpers import wait_until
+    from tests.test_runs import start_train
+
+    run_dir = tmp_path / "pop"
+    proc, tag = start_train("+env=cartpole", "runner=subproc", "runner.n_actors=1", "pbt.population=2",
+                            "pbt.mutations={algorithm.lr: [1e-5, 3e-3]}", "target_return=null", "max_env_steps=100000000",
+                            "pbt.interval_env_steps=20000", run_dir=run_dir)
+    log = run_dir / "train.log"
+    assert wait_until(lambda: log.is_file() and "member 1: " in log.read_text() and "member 0: " in log.read_text(),
+                      timeout=180), proc.poll()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted: every member stopped" in log.read_text()
+    assert all((run_dir / f"member_{i}" / "stats.jsonl").stat().st_size > 0 for i in (0, 1))
+    assert wait_until(lambda: processes_with_env_tag(tag) == [], timeout=30), processes_with_env_tag(tag)
