@@ -124,3 +124,40 @@ def test_ctrl_c_stops_every_member_of_a_population_on_ray_and_leaves_nothing_run
     assert "interrupted: every member stopped" in log.read_text()
     assert all((run_dir / f"member_{i}" / "stats.jsonl").stat().st_size > 0 for i in (0, 1))
     assert wait_until(lambda: processes_with_env_tag(tag) == [], timeout=30), processes_with_env_tag(tag)
+
+
+@pytest.mark.slow
+def test_a_member_whose_process_dies_starts_again_from_its_checkpoint_and_the_population_goes_on(tmp_path):
+    """A member's Ray worker killed (SIGKILL) mid-run: it starts again from its last checkpoint, says so in
+    one line, the population ends normally, and the member's rows hold each epoch once."""
+    import os
+    import signal
+    from pathlib import Path
+
+    from tests.helpers import wait_until
+    from tests.test_runs import start_train
+
+    run_dir = tmp_path / "pop"
+    proc, tag = start_train("+env=cartpole", "runner=sequential", "pbt.population=2", "pbt.mutations={algorithm.lr: [1e-5, 3e-3]}",
+                            "target_return=null", "max_env_steps=600000", "pbt.interval_env_steps=50000", run_dir=run_dir)
+    log = run_dir / "train.log"
+    assert wait_until(lambda: log.is_file() and log.read_text().count("member 0: ") >= 2 and "member 1: " in log.read_text(),
+                      timeout=180), proc.poll()
+
+    def member_workers() -> list[int]:
+        return [pid for pid in processes_with_env_tag(tag)
+                if b"ResourceTrainable" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+    workers = member_workers()
+    assert workers
+    os.kill(workers[0], signal.SIGKILL)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-2000:]
+    text = log.read_text()
+    assert "failed; started again from its last checkpoint" in text
+    for member in (0, 1):
+        rows = [json.loads(line) for line in (run_dir / f"member_{member}" / "stats.jsonl").read_text().splitlines()]
+        assert rows[-1]["env_steps"] >= 600000
+        steps = [row["env_steps"] for row in rows]
+        assert len(steps) == len(set(steps)), steps  # no epoch written twice
+    assert wait_until(lambda: processes_with_env_tag(tag) == [], timeout=30)

@@ -54,9 +54,14 @@ class Member(tune.Trainable):
         self.closing.enter_context(self.opened.run.runner)
         self.closing.callback(lambda: [writer.close() for writer in self.opened.files])
         apply_values(self.opened.run, {key: config[key] for key in self.keys})
+        self.from_scratch = True  # until Tune restores a checkpoint into it
 
     def step(self) -> dict[str, Any]:
         """Train one interval: to the next multiple of `pbt.interval_env_steps`, or the budget's end."""
+        if self.from_scratch and read_rows(self.dir / "stats.jsonl"):  # started again with no checkpoint of its own:
+            for writer in self.opened.files:                              # what it wrote before goes
+                writer.rewind(0, 0)
+        self.from_scratch = False
         order = take_copy_order(self.dir)
         if order is not None:  # the scheduler found this member at the bottom: copy and explore
             self.load_checkpoint(order["checkpoint"])
@@ -84,17 +89,25 @@ class Member(tune.Trainable):
         return checkpoint_dir
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
-        """Go on from a member's checkpoint (another's when it exploits): weights, optimizers, normalizers
-        and counters, read as data; the actors get the weights before their next rollout."""
+        """Go on from a checkpoint, read as data; the actors get its weights before their next rollout.
+        Another member's (a copy): its learner, that is weights, optimizers, normalizers and the counters
+        its schedules follow, and its loop's state, while this member's own epochs and env steps go on,
+        so that its rows and its budget stay its own. Its own (Tune starts a failed member again from
+        it): everything, and the rows written after it are trained again."""
         run, trainer = self.opened.run, self.opened.trainer
+        self.from_scratch = False
         state = load_checkpoint(Path(checkpoint_dir) / CHECKPOINT, where=f"pbt member {self.index}")
         meta = json.loads((Path(checkpoint_dir) / SCORE).read_text(encoding="utf-8"))
         run.learner.load_state_dict(state["learner"])
-        trainer.load_state_dict(state["trainer"])
         run.loop.load_state_dict(state["loop"])
         run.runner.broadcast_updated_policy(run.learner.policy.state_dict())
         if meta["member"] != self.index:
             log.info(f"pbt: copied member {meta['member']} at {meta['env_steps']:,} env steps (score {meta['score']:.2f})")
+            return
+        trainer.load_state_dict(state["trainer"])
+        for writer in self.opened.files:
+            writer.rewind(trainer.epoch, trainer.env_steps)
+        log.info(f"pbt: started again from its checkpoint at {trainer.env_steps:,} env steps")
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         """The same member with explored values: they apply from the next update, no restart. Where Tune

@@ -78,7 +78,7 @@ def run_population(cfg: DictConfig, settings: Settings, run_dir: Path, started: 
         log.info(f"pbt: {pbt.population} members in {run_dir}/member_<i>, {pbt.scheduler} every {pbt.interval_env_steps:,} "
                  f"env steps over {', '.join(f'{m.key} [{m.low:g}, {m.high:g}]' for m in mutations)}")
         tune_log = logging.getLogger("ray.tune")
-        level, tune_log.level = tune_log.level, logging.ERROR  # its notes on files of its own; a member's failure is said here
+        level, tune_log.level = tune_log.level, logging.CRITICAL  # its notes and tracebacks: a member's failure is said here
         try:
             results = tuner.fit()
         finally:
@@ -203,6 +203,11 @@ def _member_lines(mutations: list[Mutation]):
             score = result.get("score")
             shown = "n/a" if score is None or math.isnan(score) else f"{score:.2f}"
             log.info(f"member {trial.config['index']}: {result['env_steps']:>10,} env steps, score {shown}, {values}")
+
+        def on_trial_recover(self, iteration, trials, trial, **info):
+            index = trial.config["index"]
+            log.warning(f"member {index} failed; started again from its last checkpoint (Ray Tune's error.txt under "
+                        f"{trial.config['run_dir']}/tune says why)")
 
         def on_trial_error(self, iteration, trials, trial, **info):
             index = trial.config["index"]
