@@ -17,7 +17,7 @@ from maze_cli.cli.build import trusted_targets
 from maze_cli.cli.session import open_run, prepare_this_process
 from maze_cli.cli.settings import register_configs, validate
 from maze_cli.pbt.journal import member_dir, score_of, take_copy_order
-from maze_cli.pbt.mutations import apply_values
+from maze_cli.pbt.mutations import apply_values, describe
 from maze_cli.seeding import derive_seed
 from maze_cli.stats.plots import draw_learning_curve
 from maze_cli.stats.writers import read_rows
@@ -41,8 +41,8 @@ class Member(tune.Trainable):
         cfg = OmegaConf.create(config["base"])
         # Members differ in their seeds, and so does each start of a member (Tune restarts a member to
         # copy another, and every interval when synchronous): its actors' episodes never repeat.
-        starts = len(read_rows(self.dir / "stats.jsonl"))
-        cfg.seed = derive_seed(cfg.seed, f"pbt-member-{self.index}-after-{starts}-epochs")
+        self.rows_before = len(read_rows(self.dir / "stats.jsonl"))  # what an earlier start of it wrote
+        cfg.seed = derive_seed(cfg.seed, f"pbt-member-{self.index}-after-{self.rows_before}-epochs")
         settings = validate(cfg, [])
         env_factory, observation_space, action_space = prepare_this_process(settings)
         as_dict = OmegaConf.to_container(cfg, resolve=True)
@@ -58,15 +58,14 @@ class Member(tune.Trainable):
 
     def step(self) -> dict[str, Any]:
         """Train one interval: to the next multiple of `pbt.interval_env_steps`, or the budget's end."""
-        if self.from_scratch and read_rows(self.dir / "stats.jsonl"):  # started again with no checkpoint of its own:
-            for writer in self.opened.files:                              # what it wrote before goes
+        if self.from_scratch and self.rows_before:  # started again with no checkpoint of its own: what it wrote goes
+            for writer in self.opened.files:
                 writer.rewind(0, 0)
         self.from_scratch = False
         order = take_copy_order(self.dir)
         if order is not None:  # the scheduler found this member at the bottom: copy and explore
             self.load_checkpoint(order["checkpoint"])
-            apply_values(self.opened.run, order["values"])
-            log.info("pbt: " + ", ".join(f"{key}={value:.4g}" for key, value in order["values"].items()))
+            self._take(order["values"])
         trainer = self.opened.trainer
         result = trainer.run(pause_at=(trainer.env_steps // self.interval + 1) * self.interval)
         done = result.stop_reason != PAUSED
@@ -117,10 +116,13 @@ class Member(tune.Trainable):
             self.cleanup()
             self.setup(new_config)
             return True
-        values = {key: new_config[key] for key in self.keys}
-        apply_values(self.opened.run, values)
-        log.info("pbt: " + ", ".join(f"{key}={value:.4g}" for key, value in values.items()))
+        self._take({key: new_config[key] for key in self.keys})
         return True
+
+    def _take(self, values: dict[str, float]) -> None:
+        """Explored values, from the next update on."""
+        apply_values(self.opened.run, values)
+        log.info(f"pbt: {describe(values)}")
 
     def cleanup(self) -> None:
         self.closing.close()

@@ -19,7 +19,7 @@ from maze_cli.cli.settings import Settings
 from maze_cli.errors import ConfigError, MazeCliError
 from maze_cli.pbt import journal
 from maze_cli.pbt.journal import member_dir, score_of
-from maze_cli.pbt.mutations import Mutation, check_mutations
+from maze_cli.pbt.mutations import Mutation, check_mutations, describe
 from maze_cli.parallel.ray_cluster import connect, import_ray
 from maze_cli.stats.writers import read_rows
 
@@ -41,8 +41,6 @@ def check_population(settings: Settings) -> list[Mutation]:
         raise ConfigError(f"pbt.interval_env_steps={pbt.interval_env_steps:,} leaves no exploit within max_env_steps="
                           f"{t.max_env_steps:,} (each member's budget); make it a fraction of it, e.g. "
                           f"pbt.interval_env_steps={max(1, t.max_env_steps // 10)}")
-    if t.resume:
-        raise ConfigError("resume= of a population is not supported yet; start it anew")
     if t.learner.num_learners > 1:
         raise ConfigError("pbt.population with learner.num_learners > 1 is not supported; one learner per member")
     return mutations
@@ -177,18 +175,18 @@ def _recorded(scheduler: type) -> type:
             state, donor = self._trial_state[trial], self._trial_state[trial_to_clone]
             before = {key: trial.config[key] for key in self._keys}
             new_config, _ = self._get_new_config(trial, trial_to_clone)
+            after = {key: new_config[key] for key in self._keys}
             trial.set_config(new_config)
             journal.order_copy(member_dir(Path(trial.config["run_dir"]), trial.config["index"]), donor.last_checkpoint.path,
-                               {key: new_config[key] for key in self._keys}, trial_to_clone.config["index"])
+                               after, trial_to_clone.config["index"])
             self._num_perturbations += 1
             state.last_perturbation_time, state.last_train_time = donor.last_perturbation_time, donor.last_train_time
             row = {"env_steps": (state.last_result or {}).get("env_steps"), "member": trial.config["index"],
                    "copied": trial_to_clone.config["index"], "score": state.last_score, "copied_score": donor.last_score,
-                   "before": before, "after": {key: trial.config[key] for key in self._keys}}
+                   "before": before, "after": after}
             journal.record(self._run_dir, row)
             log.info(f"pbt: member {row['member']} (score {row['score']:.2f}) copies member {row['copied']} "
-                     f"(score {row['copied_score']:.2f}) at {row['env_steps']:,} env steps: "
-                     + ", ".join(f"{k}={v:.4g}" for k, v in row["after"].items()))
+                     f"(score {row['copied_score']:.2f}) at {row['env_steps']:,} env steps: {describe(after)}")
 
     return Recorded
 

@@ -84,6 +84,11 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def describe(values: Mapping[str, float]) -> str:
+    """`algorithm.lr=0.0003, ...`: the values of changed keys in one line of the log."""
+    return ", ".join(f"{key}={value:.4g}" for key, value in values.items())
+
+
 def apply_values(run: Any, values: Mapping[str, float]) -> None:
     """Set `values` ({algorithm.<key>: value}) on a running `maze_cli.algorithms.base.Run`: the objective
     reads its config at each update, the learner takes the optimizer settings anew, the replay loop
