@@ -173,12 +173,16 @@ def test_a_corrupt_last_checkpoint_gives_way_to_the_newest_intact_one_at_resume(
     previous_steps = torch.load(checkpoints / "previous.pt", weights_only=True)["trainer"]["env_steps"]
     last = checkpoints / "last.pt"
     assert previous_steps < torch.load(last, weights_only=True)["trainer"]["env_steps"]
-    last.write_bytes(last.read_bytes()[:1000])
+    broken = last.read_bytes()[:1000]
+    last.write_bytes(broken)
     result = run_train(f"resume={run_dir}", "max_env_steps=8192")
     assert result.returncode == 0, result.stderr
     log = (run_dir / "train.log").read_text()
     assert "truncated or corrupt checkpoint" in log and "resuming from checkpoints/previous.pt instead" in log
     assert f"{previous_steps:,} env steps" in log
+    # the broken file set aside, not rotated over the intact previous.pt by the resumed run's first save
+    assert (checkpoints / "last.corrupt.pt").read_bytes() == broken
+    torch.load(checkpoints / "previous.pt", weights_only=True)
     rows = read_stats(run_dir)
     assert rows[-1]["env_steps"] >= 8192 and len({row["epoch"] for row in rows}) == len(rows)  # no epoch twice
     for name in ("last.pt", "previous.pt", "best.pt"):
@@ -186,6 +190,13 @@ def test_a_corrupt_last_checkpoint_gives_way_to_the_newest_intact_one_at_resume(
     refused = run_train(f"resume={run_dir}", "max_env_steps=20000")
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
     assert "checkpoints/last.pt: not a maze_cli checkpoint" in refused.stderr and "no intact previous.pt or best.pt" in refused.stderr
+
+
+def test_resume_of_a_population_says_it_cannot_be_yet_and_names_a_member_to_resume(tmp_path):
+    (tmp_path / "pop" / "member_0").mkdir(parents=True)
+    result = run_train(f"resume={tmp_path / 'pop'}")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "a population (pbt.population), which cannot be resumed yet" in result.stderr and "member_0" in result.stderr
 
 
 def test_resume_refuses_to_change_anything_but_the_budget(tmp_path):

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # the session's types: `train` imports their modules once the
 log = logging.getLogger("maze_cli")
 
 CHECKPOINTS = ("last.pt", "previous.pt", "best.pt")  # what a resume reads, the first intact one of the newest
+CORRUPT = "last.corrupt.pt"  # where a broken last.pt goes when a resume falls back from it
 # Keys a resumed run may change; everything else comes from the run's saved config.
 RESUMABLE_KEYS = {"max_env_steps", "max_time_s", "target_return", "target_window", "epoch_length", "eval", "checkpoint",
                   "device", "torch_threads", "learner", "resume", "trust_checkpoint", "callbacks", "sweep"}
@@ -32,6 +33,9 @@ RESUMABLE_KEYS = {"max_env_steps", "max_time_s", "target_return", "target_window
 def resumed_config(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
     """The saved config of the run in `cfg.resume`, with this command's budget `overrides` on top."""
     run_dir = Path(cfg.resume)
+    if (run_dir / "member_0").is_dir() and not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"resume={cfg.resume}: a population (pbt.population), which cannot be resumed yet; start it "
+                          f"anew, or resume one member as an ordinary run: resume={run_dir / 'member_0'}")
     if not (run_dir / "config.yaml").is_file() or not any((run_dir / "checkpoints" / name).is_file() for name in CHECKPOINTS):
         raise ConfigError(f"resume={cfg.resume}: not a run dir with config.yaml and checkpoints/last.pt")
     saved = OmegaConf.load(run_dir / "config.yaml")
@@ -72,8 +76,12 @@ def read_last_checkpoint(t: TrainConfig) -> dict[str, Any]:
         raise CorruptCheckpoint(f"{broken}, and no intact {' or '.join(CHECKPOINTS[1:])} beside it to resume from")
     name, saved = max(intact, key=lambda named: named[1]["trainer"]["env_steps"])
     counters = saved["trainer"]
+    aside = ""
+    if (checkpoints / "last.pt").is_file():  # kept for a look, where the next save would turn it into previous.pt
+        (checkpoints / "last.pt").replace(checkpoints / CORRUPT)
+        aside = f" (the broken file is kept as checkpoints/{CORRUPT})"
     log.warning(f"{broken}; resuming from checkpoints/{name} instead, the newest intact checkpoint (epoch {counters['epoch']}, "
-                f"{counters['env_steps']:,} env steps)")
+                f"{counters['env_steps']:,} env steps){aside}")
     return saved
 
 
