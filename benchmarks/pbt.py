@@ -2,6 +2,8 @@
 
     python benchmarks/pbt.py run --seeds 1 2 3                       # CartPole from lr=1e-5, 4 members, 1M env steps each
     python benchmarks/pbt.py run --seeds 1 --single                  # the single runs from the same lr, same seeds
+    python benchmarks/pbt.py run --task breakout --seeds 1 2 3       # MinAtar Breakout, 4 members, 2M env steps each
+    python benchmarks/pbt.py run --task breakout --seeds 1 2 3 --single  # 4 independent runs side by side, 2M each
     python benchmarks/pbt.py cost --seeds 1 2 3                      # PBT's own cost: a population against 4 runs side by side
     python benchmarks/pbt.py report
 
@@ -10,6 +12,11 @@ algorithm.lr=1e-5 max_env_steps=1000000 seed=<s>` (each member's budget; the pac
 member that reaches its target); a single run is the same command without `pbt.*`. Judged by the same rule on
 both sides: the best evaluation any run of the command reached (for a population: its best member's). Rows go
 to benchmarks/results/pbt.jsonl; `report` prints a table with every seed.
+
+MinAtar Breakout (`--task breakout`): `train +env=minatar max_env_steps=2000000` at its defaults, a population of
+4 changing the learning rate and the entropy coefficient from the defaults' values, against 4 independent runs of
+the same command started together (the same total env steps, the same starting values, the CPUs shared alike).
+Both sides are judged by the best evaluation any of their runs reached and by the best last evaluation.
 """
 
 from __future__ import annotations
@@ -28,38 +35,61 @@ TRAIN = Path(sys.executable).with_name("train")
 RESULTS = Path(__file__).parent / "results" / "pbt.jsonl"
 TASK = ["+env=cartpole", "algorithm.lr=1e-5", "max_env_steps=1000000"]
 POPULATION = ["pbt.population=4", "pbt.mutations={algorithm.lr: [1e-5, 3e-3]}"]
+TASKS = {  # task: (its command, what makes it a population, how many independent runs it is set against)
+    "cartpole": (TASK, POPULATION, 1),
+    "breakout": (["+env=minatar", "max_env_steps=2000000"],
+                 ["pbt.population=4", "pbt.mutations={algorithm.lr: [2e-4, 2e-2], algorithm.entropy_coef: [0.002, 0.1]}",
+                  "pbt.interval_env_steps=200000"], 4),
+}
 
 
-def best_eval(run_dir: Path) -> tuple[float | None, int]:
-    """The best evaluation of the runs under `run_dir` (a population's members, or the run itself) and the
-    env steps they trained in all."""
-    best, steps = None, 0
+def evaluations(run_dir: Path) -> tuple[list[list[float]], int]:
+    """The evaluations of each run under `run_dir` (a population's members, or the run itself) and the env
+    steps they trained in all."""
+    runs, steps = [], 0
     for stats in [run_dir / "stats.jsonl", *sorted(run_dir.glob("member_*/stats.jsonl"))]:
         if not stats.is_file():
             continue
         rows = [json.loads(line) for line in stats.read_text().splitlines() if line.strip()]
-        evals = [row["eval/return_mean"] for row in rows if "eval/return_mean" in row]
-        if evals:
-            best = max(evals) if best is None else max(best, max(evals))
+        runs.append([row["eval/return_mean"] for row in rows if "eval/return_mean" in row])
         steps += max((row["env_steps"] for row in rows), default=0)
-    return best, steps
+    return runs, steps
 
 
-def run(seeds: list[int], single: bool, results: Path, runs_dir: Path) -> None:
+def judged(run_dirs: list[Path]) -> dict:
+    """Both rules over runs taken together: the best evaluation any reached, the best last evaluation."""
+    runs, steps = [], 0
+    for run_dir in run_dirs:
+        found, trained = evaluations(run_dir)
+        runs, steps = runs + [evals for evals in found if evals], steps + trained
+    return {"best_eval": max((max(evals) for evals in runs), default=None),
+            "best_last_eval": max((evals[-1] for evals in runs), default=None), "env_steps": steps}
+
+
+def run(task: str, seeds: list[int], single: bool, results: Path, runs_dir: Path) -> None:
+    """Populations of `task`, or (`single`) the independent runs set against them: one run, or several
+    started together with seeds of their own (`seed * 100 + i`)."""
+    command, population, independent = TASKS[task]
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")}
     for seed in seeds:
-        label = "single" if single else "pbt-4"
-        overrides = [*TASK, *([] if single else POPULATION), f"seed={seed}"]
-        run_dir = runs_dir / f"{label}-seed{seed}"
+        label = ("single" if independent == 1 else f"independent-{independent}") if single else "pbt-4"
+        if task != "cartpole":
+            label = f"{task}-{label}"
+        jobs = ([(f"seed={seed}", runs_dir / f"{label}-seed{seed}")] if not single or independent == 1 else
+                [(f"seed={seed * 100 + i}", runs_dir / f"{label}-seed{seed}-{i}") for i in range(independent)])
         start = time.perf_counter()
-        env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")}
-        proc = subprocess.run([str(TRAIN), *overrides, f"hydra.run.dir={run_dir}"], capture_output=True, text=True, env=env,
-                              stdin=subprocess.DEVNULL, timeout=4 * 3600)
-        if proc.returncode != 0:
-            raise SystemExit(f"train {' '.join(overrides)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-        best, steps = best_eval(run_dir)
-        exploits = len((run_dir / "pbt.jsonl").read_text().splitlines()) if (run_dir / "pbt.jsonl").is_file() else 0
-        row = {"label": label, "seed": seed, "best_eval": best, "env_steps": steps, "exploits": exploits,
-               "wall_s": time.perf_counter() - start, "command": "train " + " ".join(overrides)}
+        procs = [subprocess.Popen([str(TRAIN), *command, *([] if single else population), seeded, f"hydra.run.dir={run_dir}"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
+                 for seeded, run_dir in jobs]
+        for proc, (seeded, _) in zip(procs, jobs):
+            _, err = proc.communicate(timeout=4 * 3600)
+            if proc.returncode != 0:
+                raise SystemExit(f"train {' '.join(command)} {seeded} failed (exit {proc.returncode}):\n{err[-3000:]}")
+        run_dirs = [run_dir for _, run_dir in jobs]
+        journal = run_dirs[0] / "pbt.jsonl"
+        exploits = len(journal.read_text().splitlines()) if journal.is_file() else 0
+        row = {"label": label, "seed": seed, **judged(run_dirs), "exploits": exploits, "wall_s": time.perf_counter() - start,
+               "command": "train " + " ".join([*command, *([] if single else population), f"seed={seed}"])}
         with results.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
@@ -77,7 +107,7 @@ def cost(seeds: list[int], results: Path, runs_dir: Path, budget: int) -> None:
         subprocess.run([str(TRAIN), *common, *POPULATION, f"hydra.run.dir={population}"], check=True, capture_output=True,
                        env=env, stdin=subprocess.DEVNULL)
         pbt_s = time.perf_counter() - start
-        pbt_steps = best_eval(population)[1]
+        pbt_steps = evaluations(population)[1]
         start = time.perf_counter()
         procs = [subprocess.Popen([str(TRAIN), *common[:-1], f"seed={seed * 100 + i}", f"hydra.run.dir={runs_dir / f'cost-side-seed{seed}-{i}'}"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, stdin=subprocess.DEVNULL)
@@ -85,7 +115,7 @@ def cost(seeds: list[int], results: Path, runs_dir: Path, budget: int) -> None:
         if any(proc.wait() for proc in procs):
             raise SystemExit("a run side by side failed")
         side_s = time.perf_counter() - start
-        side_steps = sum(best_eval(runs_dir / f"cost-side-seed{seed}-{i}")[1] for i in range(4))
+        side_steps = sum(evaluations(runs_dir / f"cost-side-seed{seed}-{i}")[1] for i in range(4))
         row = {"label": "cost", "seed": seed, "budget": budget, "pbt_steps_per_s": pbt_steps / pbt_s, "side_by_side_steps_per_s": side_steps / side_s,
                "ratio": (pbt_steps / pbt_s) / (side_steps / side_s), "pbt_wall_s": pbt_s, "side_by_side_wall_s": side_s}
         with results.open("a") as f:
@@ -95,11 +125,21 @@ def cost(seeds: list[int], results: Path, runs_dir: Path, budget: int) -> None:
 
 def report(results: Path) -> None:
     rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
-    print("| command | seed | best evaluation | env steps in all | exploits | wall (s) |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for row in sorted((r for r in rows if r["label"] != "cost"), key=lambda r: (r["label"], r["seed"])):
-        print(f"| {row['label']} | {row['seed']} | {row['best_eval']:.1f} | {row['env_steps']:,} | {row['exploits']} | "
-              f"{row['wall_s']:.0f} |")
+    print("| command | seed | best evaluation | best last evaluation | env steps in all | exploits | wall (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    levels = sorted((r for r in rows if r["label"] != "cost"), key=lambda r: (r["label"], r["seed"]))
+    for row in levels:
+        last = row.get("best_last_eval")
+        print(f"| {row['label']} | {row['seed']} | {row['best_eval']:.1f} | {'' if last is None else f'{last:.1f}'} | "
+              f"{row['env_steps']:,} | {row['exploits']} | {row['wall_s']:.0f} |")
+    print("\n| command | rule | seeds | mean [95% bootstrap CI] |")
+    print("|---|---|---:|---|")
+    for label in sorted({r["label"] for r in levels}):
+        for rule in ("best_eval", "best_last_eval"):
+            values = [r[rule] for r in levels if r["label"] == label and r.get(rule) is not None]
+            if values:
+                low, high = bootstrap_interval(values)
+                print(f"| {label} | {rule} | {len(values)} | {sum(values) / len(values):.1f} [{low:.1f}, {high:.1f}] |")
     costs = [r for r in rows if r["label"] == "cost"]
     if costs:
         print("\n| env steps a run | seed | population env steps/s | 4 runs side by side env steps/s | ratio |")
@@ -109,12 +149,22 @@ def report(results: Path) -> None:
                   f"{row['side_by_side_steps_per_s']:,.0f} | {row['ratio']:.2f}x |")
 
 
+def bootstrap_interval(values: list[float], draws: int = 10_000) -> tuple[float, float]:
+    """The 95% percentile-bootstrap interval of the mean of `values` over seeds."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    means = rng.choice(np.asarray(values), size=(draws, len(values))).mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     go = sub.add_parser("run")
     go.add_argument("--seeds", type=int, nargs="+", required=True)
-    go.add_argument("--single", action="store_true", help="single runs from the same start instead of populations")
+    go.add_argument("--task", choices=sorted(TASKS), default="cartpole")
+    go.add_argument("--single", action="store_true", help="independent runs from the same start instead of populations")
     go.add_argument("--results", type=Path, default=RESULTS)
     go.add_argument("--runs-dir", type=Path, help="where the run dirs go (default: a new temporary folder, kept)")
     price = sub.add_parser("cost")
@@ -129,7 +179,7 @@ def main() -> None:
         runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="maze-pbt-"))
         print(f"run dirs under {runs_dir}", flush=True)
         if args.command == "run":
-            run(args.seeds, args.single, args.results, runs_dir)
+            run(args.task, args.seeds, args.single, args.results, runs_dir)
         else:
             cost(args.seeds, args.results, runs_dir, args.budget)
     else:
