@@ -46,6 +46,27 @@ def test_ranges_are_log_uniform_across_decades_and_integer_keys_stay_integers():
     assert not Mutation("algorithm.tau", 0.001, 0.009).log_scale  # under a decade apart
 
 
+@pytest.mark.parametrize("margin,top,top_error,copies", [
+    (2.0, 6.2, 0.5, False),   # 0.8 above, within two standard errors of the difference: noise, no copy
+    (0.0, 6.2, 0.5, True),    # Ray Tune's rule: whoever ranks above
+    (2.0, 9.0, 0.5, True),    # 3.6 above: clearly better
+    (2.0, 5.4, 0.0, False),   # a tie never copies
+])
+def test_a_member_at_the_bottom_copies_only_a_member_clearly_better_than_noise(tmp_path, margin, top, top_error, copies):
+    from types import SimpleNamespace
+
+    pytest.importorskip("ray.tune")
+    from maze_cli.cli.population import _scheduler
+
+    pbt = SimpleNamespace(interval_env_steps=1000, quantile_fraction=0.25, synchronous=False, scheduler="pbt",
+                          copy_margin=margin, resample_probability=0.25)
+    scheduler = _scheduler(pbt, [Mutation("algorithm.lr", 1e-5, 1e-2)], tmp_path)
+    better, bottom = object(), object()
+    scheduler._trial_state = {better: SimpleNamespace(last_score=top), bottom: SimpleNamespace(last_score=5.4)}
+    scheduler._errors = {better: top_error, bottom: 0.5}
+    assert scheduler._clearly_better(better, bottom) is copies
+
+
 def test_new_values_reach_a_running_learner_at_its_next_update():
     """What a member does on an explore: the objective's config, the learner's optimizer settings and a
     replay loop's ratio take the values, which the next update uses; weights and Adam's moments stay."""
@@ -73,7 +94,7 @@ def test_a_population_on_ray_tune_trains_members_copies_the_better_and_keeps_the
     the best member's checkpoint at the top, nothing left running."""
     run_dir = tmp_path / "pop"
     result = run_train("+env=cartpole", "runner=sequential", "pbt.population=2", "pbt.mutations={algorithm.lr: [1e-5, 3e-3]}",
-                       "pbt.synchronous=true",
+                       "pbt.synchronous=true", "pbt.copy_margin=0",
                        "algorithm.lr=1e-5", "max_env_steps=16000", "pbt.interval_env_steps=4000", "epoch_length=2", "target_return=null",
                        "eval.episodes=3", run_dir=run_dir, timeout=280, env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -103,9 +124,11 @@ def test_a_population_with_a_key_it_cannot_change_fails_before_ray_starts(tmp_pa
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_every_member_of_a_population_on_ray_and_leaves_nothing_running(tmp_path):
+def test_ctrl_c_stops_every_member_of_a_population_and_resume_goes_on_from_each_members_checkpoint(tmp_path):
     """SIGINT while the members train with actors of their own: the command ends as interrupted, each
-    member's rows so far are in its dir, and no process of the population (Ray's included) is left."""
+    member's rows so far are in its dir, and no process of the population (Ray's included) is left.
+    `train resume=<population> max_env_steps=...` then goes on: each member from its own last.pt, with
+    its own explored values, each epoch once in its rows; resumed again, the population is finished."""
     import signal
 
     from tests.helpers import wait_until
@@ -124,6 +147,19 @@ def test_ctrl_c_stops_every_member_of_a_population_on_ray_and_leaves_nothing_run
     assert "interrupted: every member stopped" in log.read_text()
     assert all((run_dir / f"member_{i}" / "stats.jsonl").stat().st_size > 0 for i in (0, 1))
     assert wait_until(lambda: processes_with_env_tag(tag) == [], timeout=30), processes_with_env_tag(tag)
+
+    stopped = {i: load_checkpoint(run_dir / f"member_{i}" / "checkpoints" / "last.pt")["trainer"]["env_steps"] for i in (0, 1)}
+    budget = max(stopped.values()) + 20000
+    resumed = run_train(f"resume={run_dir}", f"max_env_steps={budget}", timeout=240, env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for i in (0, 1):
+        rows = [json.loads(line) for line in (run_dir / f"member_{i}" / "stats.jsonl").read_text().splitlines()]
+        assert [row["epoch"] for row in rows] == list(range(1, len(rows) + 1))
+        assert rows[-1]["env_steps"] >= budget
+        assert f"resumed {run_dir / f'member_{i}'} at epoch" in (run_dir / f"member_{i}" / "train.log").read_text()
+    again = run_train(f"resume={run_dir}", f"max_env_steps={budget}")
+    assert again.returncode == 0 and "every member of the population is finished" in again.stdout
+    assert "max_env_steps (e.g." in again.stdout
 
 
 @pytest.mark.slow

@@ -208,6 +208,30 @@ def test_apex_dqn_runs_end_to_end_on_the_cluster(cluster, tmp_path):
     assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
 
 
+@pytest.mark.slow
+def test_a_population_places_its_members_and_their_ray_actors_over_the_clusters_nodes(cluster, tmp_path):
+    """pbt.population=2 with runner=ray on the two-node cluster: each member's learner takes a CPU and
+    its actor another, which fills both nodes, so members and actors run on both; the population ends
+    normally, its Ray actors gone. More than the cluster holds is one line before anything starts."""
+    import re
+
+    common = ["+env=cartpole", "runner=ray", f"runner.address={cluster.address}", "pbt.population=2",
+              "pbt.mutations={algorithm.lr: [1e-5, 3e-3]}", "target_return=null", "eval.episodes=3"]
+    result = run_train(*common, "runner.n_actors=1", "max_env_steps=12000", "pbt.interval_env_steps=4000", "epoch_length=2",
+                       run_dir=tmp_path / "pop", timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    nodes = set()
+    for member in (0, 1):
+        log = (tmp_path / "pop" / f"member_{member}" / "train.log").read_text()
+        nodes |= set(re.findall(r"(?:pbt member \d|ray actor \d) on node 127\.0\.0\.1 \((\w+)\)", log))
+        assert read_stats(tmp_path / "pop" / f"member_{member}")[-1]["env_steps"] >= 12000
+    assert len(nodes) == 2, nodes
+    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
+    too_many = run_train(*common, "runner.n_actors=3", run_dir=tmp_path / "big", timeout=120)
+    assert too_many.returncode == 2 and "needs 2 x (1 learner + 3 actors x runner.num_cpus_per_actor=1) = 8 CPUs" in too_many.stderr
+    assert "the Ray cluster has 4" in too_many.stderr
+
+
 def test_a_ray_started_by_maze_cli_fits_every_actor_and_is_shut_down(tmp_path):
     # Two actors that each reserve all cores: twice what this machine has, so they share them.
     cores = os.cpu_count() or 1

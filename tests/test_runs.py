@@ -192,11 +192,11 @@ def test_a_corrupt_last_checkpoint_gives_way_to_the_newest_intact_one_at_resume(
     assert "checkpoints/last.pt: not a maze_cli checkpoint" in refused.stderr and "no intact previous.pt or best.pt" in refused.stderr
 
 
-def test_resume_of_a_population_says_it_cannot_be_yet_and_names_a_member_to_resume(tmp_path):
+def test_resume_of_a_population_without_its_config_names_a_member_to_resume(tmp_path):
     (tmp_path / "pop" / "member_0").mkdir(parents=True)
     result = run_train(f"resume={tmp_path / 'pop'}")
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
-    assert "a population (pbt.population), which cannot be resumed yet" in result.stderr and "member_0" in result.stderr
+    assert "a population without its config.yaml" in result.stderr and "member_0" in result.stderr
 
 
 def test_resume_refuses_to_change_anything_but_the_budget(tmp_path):

@@ -6,17 +6,21 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
+import ray
 from ray import tune
 
 from maze_cli.checkpoint import load_checkpoint, save_checkpoint
 from maze_cli.cli.build import trusted_targets
+from maze_cli.cli.resume import CHECKPOINTS, read_last_checkpoint
 from maze_cli.cli.session import open_run, prepare_this_process
 from maze_cli.cli.settings import register_configs, validate
-from maze_cli.pbt.journal import member_dir, score_of, take_copy_order
+from maze_cli.errors import MazeCliError
+from maze_cli.pbt.journal import member_dir, score_error, score_of, take_copy_order
 from maze_cli.pbt.mutations import apply_values, describe
 from maze_cli.seeding import derive_seed
 from maze_cli.stats.plots import draw_learning_curve
@@ -36,25 +40,36 @@ class Member(tune.Trainable):
         register_configs()  # (this process composed nothing: the schemas are what validation reads)
         self.index, self.keys = config["index"], [k for k in config if k.startswith("algorithm.")]
         self.dir = member_dir(Path(config["run_dir"]), self.index)
+        if not (Path(config["run_dir"]) / "config.yaml").is_file():
+            raise MazeCliError(f"pbt member {self.index} runs on node {ray.util.get_node_ip_address()}, where the population's run "
+                               f"dir {config['run_dir']} is not: on a cluster, the run dir must be on storage every node sees "
+                               f"(e.g. NFS: hydra.run.dir=/shared/...), as Ray Tune's own storage is (docs/scaling.md)")
         self.dir.mkdir(parents=True, exist_ok=True)
         _log_to(self.dir / "train.log")
+        log.info(f"pbt member {self.index} on node {ray.util.get_node_ip_address()} ({ray.get_runtime_context().get_node_id()[:12]}), "
+                 f"pid {os.getpid()}")
         cfg = OmegaConf.create(config["base"])
         # Members differ in their seeds, and so does each start of a member (Tune restarts a member to
         # copy another, and every interval when synchronous): its actors' episodes never repeat.
         self.rows_before = len(read_rows(self.dir / "stats.jsonl"))  # what an earlier start of it wrote
         cfg.seed = derive_seed(cfg.seed, f"pbt-member-{self.index}-after-{self.rows_before}-epochs")
+        if config.get("resumed") and any((self.dir / "checkpoints" / name).is_file() for name in CHECKPOINTS):
+            cfg.resume = str(self.dir)  # the population resumed: the member goes on from its own last.pt
         settings = validate(cfg, [])
+        resumed_from = read_last_checkpoint(settings.train) if settings.train.resume else None
         env_factory, observation_space, action_space = prepare_this_process(settings)
         as_dict = OmegaConf.to_container(cfg, resolve=True)
         self.trusted = trusted_targets(as_dict)
-        self.opened = open_run(cfg, settings, as_dict, env_factory, observation_space, action_space, self.trusted, None, None,
-                               self.dir, console=False)
-        self.interval = settings.train.pbt.interval_env_steps
+        self.opened = open_run(cfg, settings, as_dict, env_factory, observation_space, action_space, self.trusted, resumed_from,
+                               None, self.dir, console=False)
+        self.interval, self.eval_episodes = settings.train.pbt.interval_env_steps, settings.train.eval.episodes
         self.closing = contextlib.ExitStack()
         self.closing.enter_context(self.opened.run.runner)
         self.closing.callback(lambda: [writer.close() for writer in self.opened.files])
+        if resumed_from is not None:
+            self.opened.run.runner.broadcast_updated_policy(self.opened.run.learner.policy.state_dict())
         apply_values(self.opened.run, {key: config[key] for key in self.keys})
-        self.from_scratch = True  # until Tune restores a checkpoint into it
+        self.from_scratch = resumed_from is None  # until Tune restores a checkpoint into it
 
     def step(self) -> dict[str, Any]:
         """Train one interval: to the next multiple of `pbt.interval_env_steps`, or the budget's end."""
@@ -69,14 +84,15 @@ class Member(tune.Trainable):
         trainer = self.opened.trainer
         result = trainer.run(pause_at=(trainer.env_steps // self.interval + 1) * self.interval)
         done = result.stop_reason != PAUSED
+        self.opened.checkpointer.save_last(trainer, result.stop_reason)  # what `train resume=<population>` goes on from
         if done:
-            self.opened.checkpointer.save_last(trainer, result.stop_reason)
             draw_learning_curve(self.dir)
-        return {"env_steps": trainer.env_steps, "score": self._score(), "best_eval": trainer.best_eval, "member": self.index,
-                "stop_reason": result.stop_reason, "done": done}
+        rows = read_rows(self.dir / "stats.jsonl")
+        return {"env_steps": trainer.env_steps, "score": self._score(rows), "score_error": score_error(rows, self.eval_episodes),
+                "best_eval": trainer.best_eval, "member": self.index, "stop_reason": result.stop_reason, "done": done}
 
-    def _score(self) -> float:
-        score = score_of(read_rows(self.dir / "stats.jsonl"))
+    def _score(self, rows: list[dict[str, Any]] | None = None) -> float:
+        score = score_of(read_rows(self.dir / "stats.jsonl") if rows is None else rows)
         return float("nan") if score is None else score  # (PBT leaves a member without a score out of its ranking)
 
     def save_checkpoint(self, checkpoint_dir: str) -> str:

@@ -57,24 +57,36 @@ def run_population(cfg: DictConfig, settings: Settings, run_dir: Path, started: 
 
     from maze_cli.cli.member import Member
 
-    connected = connect(settings.runner.get("address"), pbt.population, "the population's members", log_to_driver=False)
+    start = {m.key: OmegaConf.select(cfg, m.key) for m in mutations}  # every member's first values
+    values = {index: dict(start) for index in range(pbt.population)}  # each member's values as it (re)starts
+    if settings.train.resume:
+        done = _finished(settings, run_dir)
+        if done is not None:
+            print(done)  # not logged: train.log stays as it was
+            return {"stop_reason": "finished", "env_steps": None, "time_s": 0.0, "objective": _objective(run_dir)}
+        values = _resumed_values(run_dir, start, pbt.population)
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)  # what `resume=<run dir>` goes on with
+    base = OmegaConf.to_container(cfg, resolve=True)
+    base["pbt"]["population"], base["resume"] = 0, None  # each member is an ordinary run, resumed by itself
+    ray_actors = _ray_actor_cpus(settings)
+    connected = connect(settings.runner.get("address"), pbt.population * (1 + ray_actors), "the population's members"
+                        + (" and their Ray actors" if ray_actors else ""), log_to_driver=False)
     try:
-        cpus = ray.cluster_resources().get("CPU", 1.0)
-        base = OmegaConf.to_container(cfg, resolve=True)
-        base["pbt"]["population"] = 0  # each member is an ordinary run
-        start = {m.key: OmegaConf.select(cfg, m.key) for m in mutations}
+        needs = _member_needs(ray, settings, ray_actors)
         scheduler = _scheduler(pbt, mutations, run_dir)
         tuner = tune.Tuner(
-            tune.with_resources(Member, partial(_member_resources, cpus / pbt.population)),
+            tune.with_resources(Member, partial(_member_resources, needs)),
             param_space={"index": tune.grid_search(list(range(pbt.population))), "run_dir": str(run_dir.resolve()), "base": base,
-                         **start},
+                         "resumed": bool(settings.train.resume),
+                         **{key: tune.sample_from(partial(_value_of, values, key)) for key in start}},
             tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=True),
             run_config=tune.RunConfig(name="tune", storage_path=str(run_dir.resolve()), verbose=0,
                                       callbacks=[_member_lines(mutations)], log_to_file=False,
                                       failure_config=tune.FailureConfig(max_failures=MEMBER_RESTARTS)),
         )
         log.info(f"pbt: {pbt.population} members in {run_dir}/member_<i>, {pbt.scheduler} every {pbt.interval_env_steps:,} "
-                 f"env steps over {', '.join(f'{m.key} [{m.low:g}, {m.high:g}]' for m in mutations)}")
+                 f"env steps over {', '.join(f'{m.key} [{m.low:g}, {m.high:g}]' for m in mutations)}"
+                 + ("; resumed: each member goes on from its last checkpoint with its values" if settings.train.resume else ""))
         tune_log = logging.getLogger("ray.tune")
         level, tune_log.level = tune_log.level, logging.CRITICAL  # its notes and tracebacks: a member's failure is said here
         try:
@@ -88,6 +100,49 @@ def run_population(cfg: DictConfig, settings: Settings, run_dir: Path, started: 
     return _summary(run_dir, results, start, started)
 
 
+def _value_of(values: dict[int, dict[str, float]], key: str, spec: Any) -> float:
+    """A member's value of `key` as it starts (Tune resolves it once the member's index is drawn)."""
+    return values[spec.config["index"]][key]
+
+
+def _resumed_values(run_dir: Path, start: dict[str, float], population: int) -> dict[int, dict[str, float]]:
+    """Each member's values of the changed keys where the population stopped (its last explore in
+    pbt.jsonl, else the start); copy orders it had not yet carried out are dropped, as the checkpoints
+    they name may be gone (it copies anew at its next interval if it is still at the bottom)."""
+    rows = journal.read(run_dir)
+    values = {}
+    for index in range(population):
+        journal.take_copy_order(member_dir(run_dir, index))
+        values[index] = {key: series[-1][1] for key, series in journal.values_over_steps(rows, index, start).items()}
+    return values
+
+
+def _finished(settings: Settings, run_dir: Path) -> str | None:
+    """For a resumed population whose every member reached its stop condition under this command's
+    budget: the message saying so and which key would extend it; None if any has more to do."""
+    from maze_cli.checkpoint import load_checkpoint
+    from maze_cli.cli.resume import extension
+    from maze_cli.errors import CorruptCheckpoint
+
+    extend = None
+    for index in range(settings.train.pbt.population):
+        last = member_dir(run_dir, index) / "checkpoints" / "last.pt"
+        try:
+            saved = load_checkpoint(last, settings.train.trust_checkpoint, where=str(last)) if last.is_file() else None
+        except CorruptCheckpoint:
+            return None  # (the member falls back on an older checkpoint of its own, saying so)
+        extend = None if saved is None else extension(saved, settings.train)
+        if extend is None:
+            return None
+    return f"resume={run_dir}: every member of the population is finished; nothing was changed. To train on, raise {extend}"
+
+
+def _objective(run_dir: Path) -> float:
+    """The population's objective: its best member's score."""
+    scores = [_best_score(read_rows(m / "stats.jsonl")) for m in run_dir.glob("member_*")]
+    return max((score for score in scores if score is not None), default=float("nan"))
+
+
 def _prune_handed_checkpoints(tune_dir: Path) -> None:
     """Once the population is done: of the checkpoints Tune handed between members, each member's newest
     alone. (While it runs every one is kept: a member may copy another's checkpoint of some intervals
@@ -98,12 +153,46 @@ def _prune_handed_checkpoints(tune_dir: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _member_resources(cpus: float, config: dict) -> dict:
-    """What a member asks of Ray: its share of the CPUs, a hair less for each member after the first.
-    Tune hands a paused member's process (kept with reuse_actors) to the next member asking for the
-    same resources; asking for amounts of its own, each member gets its own process back, where its
-    run and its actors still are, rather than another member's to rebuild."""
-    return {"cpu": cpus - 1e-3 * config["index"]}
+def _ray_actor_cpus(settings: Settings) -> float:
+    """The CPUs a member's actors ask of Ray with runner=ray (0 where they are its own processes)."""
+    runner = settings.runner
+    return runner.n_actors * runner.num_cpus_per_actor if "num_cpus_per_actor" in runner else 0.0
+
+
+def _member_needs(ray: Any, settings: Settings, ray_actors: float) -> dict[str, float]:
+    """What each member asks of Ray for itself, so that the whole population runs at once. With Ray
+    actors (runner=ray), one CPU for its learner: its actors ask for their own and go wherever the
+    cluster has room; else a share of a node's CPUs, where its learner and actor processes run. With
+    device=cuda, a share of the GPUs (Ray shows a process only the GPUs it asked for)."""
+    population, nodes = settings.train.pbt.population, [n["Resources"] for n in ray.nodes() if n["Alive"]]
+    cpus = sum(node.get("CPU", 0.0) for node in nodes)
+    if ray_actors and cpus < population * (1 + ray_actors):
+        raise ConfigError(f"pbt.population={population} with runner=ray needs {population} x (1 learner + "
+                          f"{settings.runner.n_actors} actors x runner.num_cpus_per_actor={settings.runner.num_cpus_per_actor:g}) "
+                          f"= {population * (1 + ray_actors):g} CPUs and the Ray cluster has {cpus:g}: lower runner.n_actors, "
+                          f"runner.num_cpus_per_actor (e.g. 0.5) or pbt.population, or add nodes")
+    needs = {"cpu": 1.0 if ray_actors else _share([node.get("CPU", 0.0) for node in nodes], population)}
+    if settings.train.device.startswith("cuda"):
+        gpus = sum(node.get("GPU", 0.0) for node in nodes)
+        if not gpus:
+            raise ConfigError(f"device={settings.train.device}: the Ray cluster of the population has no GPU; device=cpu, "
+                              f"or start Ray on a machine with one")
+        needs["gpu"] = min(1.0, gpus / population)
+    return needs
+
+
+def _share(node_cpus: list[float], members: int) -> float:
+    """The most CPUs each of `members` can ask so that all of them fit on the nodes at once."""
+    shares = sorted({cpus / k for cpus in node_cpus if cpus for k in range(1, members + 1)}, reverse=True)
+    return next((share for share in shares if sum(math.floor(n / share + 1e-9) for n in node_cpus) >= members), 1.0)
+
+
+def _member_resources(needs: dict[str, float], config: dict) -> dict:
+    """What a member asks of Ray (`needs`), a hair less CPU for each member after the first. Tune
+    hands a paused member's process (kept with reuse_actors) to the next member asking for the same
+    resources; asking for amounts of its own, each member gets its own process back, where its run
+    and its actors still are, rather than another member's to rebuild."""
+    return {**needs, "cpu": needs["cpu"] - 1e-3 * config["index"]}
 
 
 def _scheduler(pbt: Any, mutations: list[Mutation], run_dir: Path):
@@ -125,10 +214,12 @@ def _scheduler(pbt: Any, mutations: list[Mutation], run_dir: Path):
             from ray.tune.schedulers.pb2 import PB2
         except ImportError as err:
             raise ConfigError(f"pbt.scheduler=pb2 needs {err.name}: pip install scikit-learn GPy, or pbt.scheduler=pbt") from None
-        return _recorded(PB2)(run_dir, by_key, hyperparam_bounds={k: [m.low, m.high] for k, m in by_key.items()}, **common)
+        return _recorded(PB2)(run_dir, by_key, pbt.copy_margin, hyperparam_bounds={k: [m.low, m.high] for k, m in by_key.items()},
+                              **common)
     space = {k: tune.loguniform(m.low, m.high) if m.log_scale else tune.uniform(m.low, m.high) for k, m in by_key.items()}
-    return _recorded(PopulationBasedTraining)(run_dir, by_key, hyperparam_mutations=space, custom_explore_fn=within_ranges,
-                                              resample_probability=pbt.resample_probability, **common)
+    return _recorded(PopulationBasedTraining)(run_dir, by_key, pbt.copy_margin, hyperparam_mutations=space,
+                                              custom_explore_fn=within_ranges, resample_probability=pbt.resample_probability,
+                                              **common)
 
 
 def _recorded(scheduler: type) -> type:
@@ -138,14 +229,16 @@ def _recorded(scheduler: type) -> type:
     from ray.tune.schedulers import TrialScheduler
 
     class Recorded(scheduler):
-        def __init__(self, run_dir: Path, mutations: dict[str, Mutation], **options: Any):
+        def __init__(self, run_dir: Path, mutations: dict[str, Mutation], copy_margin: float, **options: Any):
             super().__init__(**options)
-            self._run_dir, self._keys = run_dir, list(mutations)
+            self._run_dir, self._keys, self._margin = run_dir, list(mutations), copy_margin
+            self._errors: dict[Trial, float] = {}  # each member's latest score's standard error
 
         def on_trial_result(self, tune_controller, trial, result):
             """As the scheduler decides, except that a member never pauses to let a waiting one run: the
             population is sized so that every member runs at once (Tune's asynchronous PBT pauses a
             member whenever another is pending, so that one exploit would stop and rebuild them all)."""
+            self._errors[trial] = result.get("score_error", 0.0)
             decision = super().on_trial_result(tune_controller, trial, result)
             if decision == TrialScheduler.PAUSE and not self._synch and trial.status != Trial.PAUSED:
                 return TrialScheduler.CONTINUE
@@ -156,10 +249,17 @@ def _recorded(scheduler: type) -> type:
             each report. (The scheduler saves only a member that is at the top at its own report, so
             with members reporting one by one the member at the top when another reports had often
             no checkpoint to copy, and the copy was skipped.)"""
-            if trial in lower_quantile:
-                super()._checkpoint_or_exploit(trial, tune_controller, upper_quantile, lower_quantile)
+            donors = [top for top in upper_quantile if self._clearly_better(top, trial)] if trial in lower_quantile else []
+            if donors:
+                super()._checkpoint_or_exploit(trial, tune_controller, donors, lower_quantile)
             else:
                 super()._checkpoint_or_exploit(trial, tune_controller, [trial], [])
+
+        def _clearly_better(self, top, trial) -> bool:
+            """Whether `top`'s score is above `trial`'s by more than `pbt.copy_margin` standard errors of
+            their difference: a copy ends a member's line, which noise alone should not decide."""
+            gap = self._trial_state[top].last_score - self._trial_state[trial].last_score
+            return gap > self._margin * math.hypot(self._errors.get(top, 0.0), self._errors.get(trial, 0.0))
 
         def _get_new_config(self, trial, trial_to_clone):
             """The clone's explored values of the changed keys, and the member's own everything else

@@ -33,10 +33,12 @@ RESUMABLE_KEYS = {"max_env_steps", "max_time_s", "target_return", "target_window
 def resumed_config(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
     """The saved config of the run in `cfg.resume`, with this command's budget `overrides` on top."""
     run_dir = Path(cfg.resume)
-    if (run_dir / "member_0").is_dir() and not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"resume={cfg.resume}: a population (pbt.population), which cannot be resumed yet; start it "
-                          f"anew, or resume one member as an ordinary run: resume={run_dir / 'member_0'}")
-    if not (run_dir / "config.yaml").is_file() or not any((run_dir / "checkpoints" / name).is_file() for name in CHECKPOINTS):
+    population = (run_dir / "member_0").is_dir()  # (pbt.population: each member's checkpoints are in its own dir)
+    if population and not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"resume={cfg.resume}: a population without its config.yaml (written by an older maze_cli), "
+                          f"which cannot be resumed whole; resume one member as an ordinary run: resume={run_dir / 'member_0'}")
+    has_checkpoint = population or any((run_dir / "checkpoints" / name).is_file() for name in CHECKPOINTS)
+    if not (run_dir / "config.yaml").is_file() or not has_checkpoint:
         raise ConfigError(f"resume={cfg.resume}: not a run dir with config.yaml and checkpoints/last.pt")
     saved = OmegaConf.load(run_dir / "config.yaml")
     changed = {o.split("=", 1)[0].lstrip("+~").split(".")[0] for o in overrides} - {"tuning"}
@@ -88,21 +90,28 @@ def read_last_checkpoint(t: TrainConfig) -> dict[str, Any]:
 def finished(saved: dict[str, Any], run_dir: Path, t: TrainConfig) -> str | None:
     """For a run whose last.pt (`saved`) already reached its stop condition (under this command's
     budget): the message saying so and which key would extend it; None if it has more to do."""
+    extend = extension(saved, t)
+    if extend is None:
+        return None
+    trainer = saved.get("trainer") or {}
+    return (f"resume={run_dir}: the run is finished (stopped by {saved.get('stop_reason')} after {trainer.get('env_steps', 0):,} "
+            f"env steps, epoch {trainer.get('epoch', 0)}); nothing was changed. To train on, raise {extend}")
+
+
+def extension(saved: dict[str, Any], t: TrainConfig) -> str | None:
+    """The key that would extend a run whose last.pt (`saved`) reached its stop condition under this
+    command's budget, with an example; None if the run has more to do."""
     reason, trainer = saved.get("stop_reason"), saved.get("trainer") or {}
     steps, time_s = trainer.get("env_steps", 0), trainer.get("time_s", 0.0)
     window = trainer.get("window") or []
     reached_target = t.target_return is not None and (
         (trainer.get("best_eval") or -math.inf) >= t.target_return if t.eval.interval > 0
         else len(window) >= t.target_window and sum(window[-t.target_window:]) / t.target_window >= t.target_return)
-    extend = {
+    return {
         "max_env_steps": f"max_env_steps (e.g. max_env_steps={2 * steps})" if steps >= t.max_env_steps else None,
         "max_time_s": f"max_time_s (e.g. max_time_s={2 * time_s:.0f})" if t.max_time_s is not None and time_s >= t.max_time_s else None,
         "target_return": "target_return (or target_return=null to run for the budget)" if reached_target else None,
     }.get(reason)
-    if extend is None:
-        return None
-    return (f"resume={run_dir}: the run is finished (stopped by {reason} after {steps:,} env steps, epoch "
-            f"{trainer.get('epoch', 0)}); nothing was changed. To train on, raise {extend}")
 
 
 def restore(checkpointer: Checkpointer, saved: dict[str, Any], trainer: Trainer, jsonl: JsonlWriter,

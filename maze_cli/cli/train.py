@@ -52,7 +52,7 @@ def run_train(cfg: DictConfig) -> dict:
         cfg = resume.resumed_config(cfg, HydraConfig.get().overrides.task)
     settings = validate(cfg, _env_options())
     resumed_from = None  # last.pt of the run to resume, read once
-    if settings.train.resume:
+    if settings.train.resume and settings.train.pbt.population < 2:  # (a population's members resume themselves)
         resumed_from = resume.read_last_checkpoint(settings.train)
         finished = resume.finished(resumed_from, Path(settings.train.resume), settings.train)
         if finished is not None:

@@ -19,6 +19,17 @@ def member_dir(run_dir: Path, index: int) -> Path:
     return run_dir / f"member_{index}"
 
 
+def score_error(rows: list[dict[str, Any]], episodes: int) -> float:
+    """The standard error of `score_of(rows)` where it is an evaluation's mean over `episodes` (its
+    spread is in the row); 0 for a training window, whose spread is not kept."""
+    for row in reversed(rows):
+        if row.get("eval/return_mean") is not None:
+            return float(row.get("eval/return_std") or 0.0) / max(1, episodes) ** 0.5
+        if row.get("train/return_window_mean") is not None or row.get("train/return_mean") is not None:
+            return 0.0
+    return 0.0
+
+
 def score_of(rows: list[dict[str, Any]]) -> float | None:
     """What PBT ranks a member by: its latest evaluation's mean return, or, without evaluation, the
     mean return of its last training episodes (train/return_window_mean, train/return_mean until the
