@@ -66,17 +66,21 @@ def judged(run_dirs: list[Path]) -> dict:
             "best_last_eval": max((evals[-1] for evals in runs), default=None), "env_steps": steps}
 
 
-def run(task: str, seeds: list[int], single: bool, results: Path, runs_dir: Path) -> None:
+def run(task: str, seeds: list[int], single: bool, results: Path, runs_dir: Path, overrides: list[str]) -> None:
     """Populations of `task`, or (`single`) the independent runs set against them: one run, or several
-    started together with seeds of their own (`seed * 100 + i`)."""
+    started together with seeds of their own (`seed * 100 + i`). `overrides` go on every command and
+    into the label."""
     command, population, independent = TASKS[task]
+    command = [*command, *overrides]
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")}
     for seed in seeds:
         label = ("single" if independent == 1 else f"independent-{independent}") if single else "pbt-4"
         if task != "cartpole":
             label = f"{task}-{label}"
-        jobs = ([(f"seed={seed}", runs_dir / f"{label}-seed{seed}")] if not single or independent == 1 else
-                [(f"seed={seed * 100 + i}", runs_dir / f"{label}-seed{seed}-{i}") for i in range(independent)])
+        label = " ".join([label, *overrides])
+        name = label.replace(" ", "_").replace("=", "-")
+        jobs = ([(f"seed={seed}", runs_dir / f"{name}-seed{seed}")] if not single or independent == 1 else
+                [(f"seed={seed * 100 + i}", runs_dir / f"{name}-seed{seed}-{i}") for i in range(independent)])
         start = time.perf_counter()
         procs = [subprocess.Popen([str(TRAIN), *command, *([] if single else population), seeded, f"hydra.run.dir={run_dir}"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
@@ -165,6 +169,7 @@ def main() -> None:
     go.add_argument("--seeds", type=int, nargs="+", required=True)
     go.add_argument("--task", choices=sorted(TASKS), default="cartpole")
     go.add_argument("--single", action="store_true", help="independent runs from the same start instead of populations")
+    go.add_argument("--override", action="append", default=[], help="a key=value on every command (and in the label)")
     go.add_argument("--results", type=Path, default=RESULTS)
     go.add_argument("--runs-dir", type=Path, help="where the run dirs go (default: a new temporary folder, kept)")
     price = sub.add_parser("cost")
@@ -179,7 +184,7 @@ def main() -> None:
         runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="maze-pbt-"))
         print(f"run dirs under {runs_dir}", flush=True)
         if args.command == "run":
-            run(args.task, args.seeds, args.single, args.results, runs_dir)
+            run(args.task, args.seeds, args.single, args.results, runs_dir, args.override)
         else:
             cost(args.seeds, args.results, runs_dir, args.budget)
     else:
