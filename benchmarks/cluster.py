@@ -13,9 +13,9 @@ more machines give, since every node shares this machine's cores. Each row is on
 - `ray cluster`: `runner=ray runner.address=<the cluster>`;
 - `population subproc` and `population ray cluster`: the same with `pbt.population=2`.
 
-Figures: env steps in all over the whole command's wall time (start-up included), and the median of
-the runs' epoch env steps/s (steady state; a population: summed over its members). Median of
-`--rounds`. Rows go to benchmarks/results/cluster.jsonl.
+Figures: env steps in all over the whole command's wall time (start-up included), and for a single run the
+median of its epochs' env steps/s (steady state; a population's members pause and run at different
+moments, so their epochs' rates do not add up). Median of `--rounds`. Rows go to benchmarks/results/cluster.jsonl.
 """
 
 from __future__ import annotations
@@ -94,8 +94,9 @@ def report(results: Path) -> None:
     print("|---|---:|---:|---:|---:|")
     for label in dict.fromkeys(row["label"] for row in rows):
         mine = [row for row in rows if row["label"] == label]
-        print(f"| {label} | {len(mine)} | {statistics.median(r['env_steps_per_s'] for r in mine):,.0f} | "
-              f"{statistics.median(r['steady_env_steps_per_s'] for r in mine):,.0f} | {max(r['nodes'] for r in mine)} |")
+        steady = "" if label.startswith("population") else f"{statistics.median(r['steady_env_steps_per_s'] for r in mine):,.0f}"
+        print(f"| {label} | {len(mine)} | {statistics.median(r['env_steps_per_s'] for r in mine):,.0f} | {steady} | "
+              f"{max(r['nodes'] for r in mine)} |")
 
 
 def main() -> None:

@@ -94,7 +94,7 @@ def test_a_population_on_ray_tune_trains_members_copies_the_better_and_keeps_the
     the best member's checkpoint at the top, nothing left running."""
     run_dir = tmp_path / "pop"
     result = run_train("+env=cartpole", "runner=sequential", "pbt.population=2", "pbt.mutations={algorithm.lr: [1e-5, 3e-3]}",
-                       "pbt.synchronous=true", "pbt.copy_margin=0",
+                       "pbt.synchronous=true",
                        "algorithm.lr=1e-5", "max_env_steps=16000", "pbt.interval_env_steps=4000", "epoch_length=2", "target_return=null",
                        "eval.episodes=3", run_dir=run_dir, timeout=280, env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
     assert result.returncode == 0, result.stderr[-3000:]

@@ -150,11 +150,12 @@ class PbtConfig:
     quantile_fraction: Annotated[float, Gt(0), Le(0.5)] = key(0.25,
                                                                "the share of members at the bottom that copy one of "
                                                                "the same share at the top")
-    copy_margin: NonNegativeFloat = key(2.0,
-                                         "a member at the bottom copies one at the top only where its score is higher "
-                                         "by more than this many standard errors of the difference (from each latest "
-                                         "evaluation's spread over eval.episodes), so that evaluation noise alone never "
-                                         "replaces a member; 0: whenever it ranks at the bottom, as Ray Tune's PBT")
+    copy_margin: NonNegativeFloat = key(0.0,
+                                         "0: a member at the bottom copies one at the top whenever it ranks there (Ray "
+                                         "Tune's PBT); above 0: only where the other's score is higher by more than this "
+                                         "many standard errors of the difference (from each latest evaluation's spread "
+                                         "over eval.episodes), so that evaluation noise alone replaces no member, at the "
+                                         "cost of fewer copies, and so fewer explored values")
     resample_probability: Fraction = key(0.25,
                                           "chance that an explored key is drawn anew from its range rather than "
                                           "multiplied by 0.8 or 1.2")
