@@ -67,6 +67,25 @@ def test_a_member_at_the_bottom_copies_only_a_member_clearly_better_than_noise(t
     assert scheduler._clearly_better(better, bottom) is copies
 
 
+def test_an_explore_crosses_a_range_of_any_width_in_a_few_steps_and_turns_at_its_bounds():
+    import random
+
+    lr = Mutation("algorithm.lr", 1e-5, 3e-3)
+    assert lr.perturb(1e-5, up=False) == pytest.approx(1e-5 * 300 ** (1 / 8))  # at the bottom: up, not clipped in place
+    value = 1e-5
+    for _ in range(8):
+        value = lr.perturb(value, up=True)
+    assert value == pytest.approx(3e-3)
+    entropy = Mutation("algorithm.entropy_coef", 0.0, 0.04)
+    assert entropy.perturb(0.0, up=True) == pytest.approx(0.005)  # a linear range leaves 0 (a factor never would)
+    assert entropy.perturb(0.04, up=True) == pytest.approx(0.035)
+    epochs = Mutation("algorithm.n_epochs", 1, 4, integer=True)
+    assert epochs.perturb(2, up=True) == 3 and epochs.perturb(4, up=True) == 3
+    rng = random.Random(0)
+    drawn = [lr.explore(1e-5, rng, resample_probability=1.0) for _ in range(200)]
+    assert all(1e-5 <= v <= 3e-3 for v in drawn) and sum(v > 1e-4 for v in drawn) > 100  # log-uniform: ~60% above 1e-4
+
+
 def test_new_values_reach_a_running_learner_at_its_next_update():
     """What a member does on an explore: the objective's config, the learner's optimizer settings and a
     replay loop's ratio take the values, which the next update uses; weights and Adam's moments stay."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 import shutil
 import time
 from functools import partial
@@ -73,7 +74,7 @@ def run_population(cfg: DictConfig, settings: Settings, run_dir: Path, started: 
                         + (" and their Ray actors" if ray_actors else ""), log_to_driver=False)
     try:
         needs = _member_needs(ray, settings, ray_actors)
-        scheduler = _scheduler(pbt, mutations, run_dir)
+        scheduler = _scheduler(pbt, mutations, run_dir, settings.train.seed)
         tuner = tune.Tuner(
             tune.with_resources(Member, partial(_member_resources, needs)),
             param_space={"index": tune.grid_search(list(range(pbt.population))), "run_dir": str(run_dir.resolve()), "base": base,
@@ -195,18 +196,13 @@ def _member_resources(needs: dict[str, float], config: dict) -> dict:
     return {**needs, "cpu": needs["cpu"] - 1e-3 * config["index"]}
 
 
-def _scheduler(pbt: Any, mutations: list[Mutation], run_dir: Path):
-    """Ray Tune's PopulationBasedTraining (or PB2) over `mutations`, each exploit written to pbt.jsonl."""
+def _scheduler(pbt: Any, mutations: list[Mutation], run_dir: Path, seed: int = 0):
+    """Ray Tune's PopulationBasedTraining (or PB2) over `mutations`, each exploit written to pbt.jsonl;
+    PBT's explores drawn from `seed` (`Mutation.explore`), PB2's by its bandit."""
     from ray import tune
     from ray.tune.schedulers import PopulationBasedTraining
 
     by_key = {m.key: m for m in mutations}
-
-    def within_ranges(config: dict) -> dict:
-        for key, mutation in by_key.items():
-            config[key] = mutation.clip(config[key])
-        return config
-
     common = dict(time_attr="env_steps", metric="score", mode="max", perturbation_interval=pbt.interval_env_steps,
                   quantile_fraction=pbt.quantile_fraction, synch=pbt.synchronous, log_config=False)
     if pbt.scheduler == "pb2":
@@ -217,8 +213,8 @@ def _scheduler(pbt: Any, mutations: list[Mutation], run_dir: Path):
         return _recorded(PB2)(run_dir, by_key, pbt.copy_margin, hyperparam_bounds={k: [m.low, m.high] for k, m in by_key.items()},
                               **common)
     space = {k: tune.loguniform(m.low, m.high) if m.log_scale else tune.uniform(m.low, m.high) for k, m in by_key.items()}
-    return _recorded(PopulationBasedTraining)(run_dir, by_key, pbt.copy_margin, hyperparam_mutations=space,
-                                              custom_explore_fn=within_ranges, resample_probability=pbt.resample_probability,
+    return _recorded(PopulationBasedTraining)(run_dir, by_key, pbt.copy_margin, random.Random(seed), hyperparam_mutations=space,
+                                              resample_probability=pbt.resample_probability,
                                               **common)
 
 
@@ -229,9 +225,10 @@ def _recorded(scheduler: type) -> type:
     from ray.tune.schedulers import TrialScheduler
 
     class Recorded(scheduler):
-        def __init__(self, run_dir: Path, mutations: dict[str, Mutation], copy_margin: float, **options: Any):
+        def __init__(self, run_dir: Path, mutations: dict[str, Mutation], copy_margin: float, rng: random.Random | None = None,
+                     **options: Any):
             super().__init__(**options)
-            self._run_dir, self._keys, self._margin = run_dir, list(mutations), copy_margin
+            self._run_dir, self._mutations, self._keys, self._margin, self._rng = run_dir, mutations, list(mutations), copy_margin, rng
             self._errors: dict[Trial, float] = {}  # each member's latest score's standard error
 
         def on_trial_result(self, tune_controller, trial, result):
@@ -264,8 +261,12 @@ def _recorded(scheduler: type) -> type:
         def _get_new_config(self, trial, trial_to_clone):
             """The clone's explored values of the changed keys, and the member's own everything else
             (which member it is, its run dir): the scheduler copies the whole config otherwise."""
-            explored, operations = super()._get_new_config(trial, trial_to_clone)
-            return {**trial.config, **{key: explored[key] for key in self._keys}}, operations
+            if self._rng is None:  # PB2: its bandit's values
+                explored, operations = super()._get_new_config(trial, trial_to_clone)
+                return {**trial.config, **{key: explored[key] for key in self._keys}}, operations
+            explored = {key: m.explore(trial_to_clone.config[key], self._rng, self._resample_probability)
+                        for key, m in self._mutations.items()}
+            return {**trial.config, **explored}, {}
 
         def _exploit(self, tune_controller, trial, trial_to_clone):
             """The member copies `trial_to_clone`'s newest checkpoint and explores, in its own process at
