@@ -158,7 +158,7 @@ class PbtConfig:
                                          "cost of fewer copies, and so fewer explored values")
     resample_probability: Fraction = key(0.25,
                                           "chance that an explored key is drawn anew from its range rather than "
-                                          "multiplied by 0.8 or 1.2")
+                                          "moved one step, an eighth of its range (of its logarithm on a log scale)")
     scheduler: Annotated[str, OneOf("pbt", "pb2")] = key("pbt",
                                                           "pbt: Ray Tune's PopulationBasedTraining; pb2: its PB2, "
                                                           "which explores with a Gaussian-process bandit (needs "
