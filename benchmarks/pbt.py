@@ -102,7 +102,8 @@ def run(task: str, seeds: list[int], single: bool, results: Path, runs_dir: Path
 def cost(seeds: list[int], results: Path, runs_dir: Path, budget: int) -> None:
     """The population's env steps per second against the same 4 runs side by side without PBT (4 `train`
     processes started together), both to the full budget (`target_return=null`), one after the other;
-    each side's time is its commands' whole wall time, start-up included."""
+    each side's time is its commands' whole wall time, start-up included, and, beside it, the ratio
+    while training (`training_rate`)."""
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")}
     for seed in seeds:
         common = [*TASK[:-1], f"max_env_steps={budget}", "target_return=null", f"seed={seed}"]
@@ -120,11 +121,21 @@ def cost(seeds: list[int], results: Path, runs_dir: Path, budget: int) -> None:
             raise SystemExit("a run side by side failed")
         side_s = time.perf_counter() - start
         side_steps = sum(evaluations(runs_dir / f"cost-side-seed{seed}-{i}")[1] for i in range(4))
+        training = training_rate(sorted(population.glob("member_*"))) / training_rate(
+            [runs_dir / f"cost-side-seed{seed}-{i}" for i in range(4)])
         row = {"label": "cost", "seed": seed, "budget": budget, "pbt_steps_per_s": pbt_steps / pbt_s, "side_by_side_steps_per_s": side_steps / side_s,
-               "ratio": (pbt_steps / pbt_s) / (side_steps / side_s), "pbt_wall_s": pbt_s, "side_by_side_wall_s": side_s}
+               "ratio": (pbt_steps / pbt_s) / (side_steps / side_s), "training_ratio": training, "pbt_wall_s": pbt_s,
+               "side_by_side_wall_s": side_s}
         with results.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
+
+
+def training_rate(run_dirs: list[Path]) -> float:
+    """Env steps per second of runs trained together, counting their training time alone (the longest
+    run's `time_s`): start-up and shutdown left out."""
+    last = [json.loads((d / "stats.jsonl").read_text().splitlines()[-1]) for d in run_dirs]
+    return sum(row["env_steps"] for row in last) / max(row["time_s"] for row in last)
 
 
 def report(results: Path) -> None:
@@ -146,11 +157,13 @@ def report(results: Path) -> None:
                 print(f"| {label} | {rule} | {len(values)} | {sum(values) / len(values):.1f} [{low:.1f}, {high:.1f}] |")
     costs = [r for r in rows if r["label"] == "cost"]
     if costs:
-        print("\n| env steps a run | seed | population env steps/s | 4 runs side by side env steps/s | ratio |")
-        print("|---:|---:|---:|---:|---:|")
+        print("\n| env steps a run | seed | machine | population env steps/s | 4 runs side by side env steps/s | ratio | "
+              "ratio while training |")
+        print("|---:|---:|---|---:|---:|---:|---:|")
         for row in costs:
-            print(f"| {row.get('budget', 1_000_000):,} | {row['seed']} | {row['pbt_steps_per_s']:,.0f} | "
-                  f"{row['side_by_side_steps_per_s']:,.0f} | {row['ratio']:.2f}x |")
+            training = f"{row['training_ratio']:.2f}x" if "training_ratio" in row else ""
+            print(f"| {row.get('budget', 1_000_000):,} | {row['seed']} | {row.get('machine', '')} | {row['pbt_steps_per_s']:,.0f} | "
+                  f"{row['side_by_side_steps_per_s']:,.0f} | {row['ratio']:.2f}x | {training} |")
 
 
 def bootstrap_interval(values: list[float], draws: int = 10_000) -> tuple[float, float]:
