@@ -54,10 +54,6 @@ def run_population(cfg: DictConfig, settings: Settings, run_dir: Path, started: 
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # maze_cli's members write their own files
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's own tables stay off the console (verbose=0)
     ray = import_ray()
-    from ray import tune
-
-    from maze_cli.cli.member import Member
-
     start = {m.key: OmegaConf.select(cfg, m.key) for m in mutations}  # every member's first values
     values = {index: dict(start) for index in range(pbt.population)}  # each member's values as it (re)starts
     if settings.train.resume:
@@ -67,24 +63,11 @@ def run_population(cfg: DictConfig, settings: Settings, run_dir: Path, started: 
             return {"stop_reason": "finished", "env_steps": None, "time_s": 0.0, "objective": _objective(run_dir)}
         values = _resumed_values(run_dir, start, pbt.population)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)  # what `resume=<run dir>` goes on with
-    base = OmegaConf.to_container(cfg, resolve=True)
-    base["pbt"]["population"], base["resume"] = 0, None  # each member is an ordinary run, resumed by itself
     ray_actors = _ray_actor_cpus(settings)
     connected = connect(settings.runner.get("address"), pbt.population * (1 + ray_actors), "the population's members"
                         + (" and their Ray actors" if ray_actors else ""), log_to_driver=False)
     try:
-        needs = _member_needs(ray, settings, ray_actors)
-        scheduler = _scheduler(pbt, mutations, run_dir, settings.train.seed)
-        tuner = tune.Tuner(
-            tune.with_resources(Member, partial(_member_resources, needs)),
-            param_space={"index": tune.grid_search(list(range(pbt.population))), "run_dir": str(run_dir.resolve()), "base": base,
-                         "resumed": bool(settings.train.resume),
-                         **{key: tune.sample_from(partial(_value_of, values, key)) for key in start}},
-            tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=True),
-            run_config=tune.RunConfig(name="tune", storage_path=str(run_dir.resolve()), verbose=0,
-                                      callbacks=[_member_lines(mutations)], log_to_file=False,
-                                      failure_config=tune.FailureConfig(max_failures=MEMBER_RESTARTS)),
-        )
+        tuner = _tuner(cfg, settings, values, _member_needs(ray, settings, ray_actors), mutations, run_dir)
         log.info(f"pbt: {pbt.population} members in {run_dir}/member_<i>, {pbt.scheduler} every {pbt.interval_env_steps:,} "
                  f"env steps over {', '.join(f'{m.key} [{m.low:g}, {m.high:g}]' for m in mutations)}"
                  + ("; resumed: each member goes on from its last checkpoint with its values" if settings.train.resume else ""))
@@ -99,6 +82,29 @@ def run_population(cfg: DictConfig, settings: Settings, run_dir: Path, started: 
         if connected:
             ray.shutdown()
     return _summary(run_dir, results, start, started)
+
+
+def _tuner(cfg: DictConfig, settings: Settings, values: dict[int, dict[str, float]], needs: dict[str, float],
+           mutations: list[Mutation], run_dir: Path) -> Any:
+    """Ray Tune's Tuner of the population: a Member per index asking Ray for `needs`, starting from its
+    `values` of the changed keys, under the PBT (or PB2) scheduler; its state in `run_dir/tune`."""
+    from ray import tune
+
+    from maze_cli.cli.member import Member
+
+    pbt = settings.train.pbt
+    base = OmegaConf.to_container(cfg, resolve=True)
+    base["pbt"]["population"], base["resume"] = 0, None  # each member is an ordinary run, resumed by itself
+    return tune.Tuner(
+        tune.with_resources(Member, partial(_member_resources, needs)),
+        param_space={"index": tune.grid_search(list(range(pbt.population))), "run_dir": str(run_dir.resolve()), "base": base,
+                     "resumed": bool(settings.train.resume),
+                     **{m.key: tune.sample_from(partial(_value_of, values, m.key)) for m in mutations}},
+        tune_config=tune.TuneConfig(scheduler=_scheduler(pbt, mutations, run_dir, settings.train.seed), reuse_actors=True),
+        run_config=tune.RunConfig(name="tune", storage_path=str(run_dir.resolve()), verbose=0,
+                                  callbacks=[_member_lines(mutations)], log_to_file=False,
+                                  failure_config=tune.FailureConfig(max_failures=MEMBER_RESTARTS)),
+    )
 
 
 def _value_of(values: dict[int, dict[str, float]], key: str, spec: Any) -> float:
