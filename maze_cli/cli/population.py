@@ -146,8 +146,13 @@ def _finished(settings: Settings, run_dir: Path) -> str | None:
 
 def _objective(run_dir: Path) -> float:
     """The population's objective: its best member's score."""
-    scores = [_best_score(read_rows(m / "stats.jsonl")) for m in run_dir.glob("member_*")]
-    return max((score for score in scores if score is not None), default=float("nan"))
+    return max(_member_scores(sorted(run_dir.glob("member_*"))).values(), default=float("nan"))
+
+
+def _member_scores(members: list[Path]) -> dict[int, float]:
+    """Each scored member's best (`_best_score`), by its index."""
+    scores = {int(m.name.split("_")[1]): _best_score(read_rows(m / "stats.jsonl")) for m in members}
+    return {index: score for index, score in scores.items() if score is not None}
 
 
 def _prune_handed_checkpoints(tune_dir: Path) -> None:
@@ -234,7 +239,7 @@ def _recorded(scheduler: type) -> type:
         def __init__(self, run_dir: Path, mutations: dict[str, Mutation], copy_margin: float, rng: random.Random | None = None,
                      **options: Any):
             super().__init__(**options)
-            self._run_dir, self._mutations, self._keys, self._margin, self._rng = run_dir, mutations, list(mutations), copy_margin, rng
+            self._run_dir, self._mutations, self._margin, self._rng = run_dir, mutations, copy_margin, rng
             self._errors: dict[Trial, float] = {}  # each member's latest score's standard error
 
         def on_trial_result(self, tune_controller, trial, result):
@@ -269,7 +274,7 @@ def _recorded(scheduler: type) -> type:
             (which member it is, its run dir): the scheduler copies the whole config otherwise."""
             if self._rng is None:  # PB2: its bandit's values
                 explored, operations = super()._get_new_config(trial, trial_to_clone)
-                return {**trial.config, **{key: explored[key] for key in self._keys}}, operations
+                return {**trial.config, **{key: explored[key] for key in self._mutations}}, operations
             explored = {key: m.explore(trial_to_clone.config[key], self._rng, self._resample_probability)
                         for key, m in self._mutations.items()}
             return {**trial.config, **explored}, {}
@@ -280,9 +285,9 @@ def _recorded(scheduler: type) -> type:
             scheduler would pause it and start its process anew from the checkpoint: a copy costs a
             checkpoint's load, not a start of the member's run and actors."""
             state, donor = self._trial_state[trial], self._trial_state[trial_to_clone]
-            before = {key: trial.config[key] for key in self._keys}
+            before = {key: trial.config[key] for key in self._mutations}
             new_config, _ = self._get_new_config(trial, trial_to_clone)
-            after = {key: new_config[key] for key in self._keys}
+            after = {key: new_config[key] for key in self._mutations}
             trial.set_config(new_config)
             journal.order_copy(member_dir(Path(trial.config["run_dir"]), trial.config["index"]), donor.last_checkpoint.path,
                                after, trial_to_clone.config["index"])
@@ -325,8 +330,7 @@ def _summary(run_dir: Path, results: Any, start: dict[str, float], started: floa
     """The best member (by its best evaluation, or its last training window without evaluation), its
     best.pt at the top, pbt.png, and the run's summary."""
     members = sorted(run_dir.glob("member_*"), key=lambda p: int(p.name.split("_")[1]))
-    scores = {int(m.name.split("_")[1]): _best_score(read_rows(m / "stats.jsonl")) for m in members}
-    scored = {index: score for index, score in scores.items() if score is not None}
+    scored = _member_scores(members)
     best = max(scored, key=scored.get) if scored else None
     if best is not None:
         source = member_dir(run_dir, best) / "checkpoints"
