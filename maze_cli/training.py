@@ -135,10 +135,11 @@ class Trainer:
     def run(self, trackers: Sequence[StatsWriter] = (), pause_at: int | None = None) -> TrainResult:
         """Train to the budget's end. `trackers`: writers that get every row of this run besides
         `writers` (experiment trackers, opened by the caller at the last moment, closed by it).
-        `pause_at`: return at the end of the first epoch that reaches this many env steps, with the stop
-        reason `PAUSED` and no closing line (a population's member between two reports); the next call
-        goes on from there, its clock too. (At an epoch's end: a pause costs no row or evaluation of
-        its own.)"""
+        `pause_at`: return once this many env steps are reached, with the stop reason `PAUSED` and no
+        closing line (a population's member between two reports); the next call goes on from there, its
+        clock too. The epoch under way closes at that update (a shorter row, and its evaluation if one is
+        due), so that a member reports at the interval it was given, not at the next epoch's end: with a
+        learner of several processes, whose epochs end together, at the end of the epoch."""
         self._writing_to = [*self.writers, *trackers]
         start = self._start = time.perf_counter()
         first_epoch, first_steps = self.epoch, self.env_steps
@@ -151,7 +152,7 @@ class Trainer:
             dynamic_ncols=True, leave=False,
         ) as bar:
             while reason is None:
-                reason = self._epoch(start, bar)
+                reason = self._epoch(start, bar, pause_at if self.group is None else None)
                 if reason is None and pause_at is not None and self.env_steps >= pause_at:
                     reason = PAUSED
         self._end = time.perf_counter()
@@ -171,8 +172,9 @@ class Trainer:
         log.info(line)
         return TrainResult(self.epoch, self.env_steps, elapsed, reason, self.window_mean())
 
-    def _epoch(self, start: float, bar) -> str | None:
-        """One epoch: its updates, then its row (stats, evaluation) to every writer; the stop reason.
+    def _epoch(self, start: float, bar, pause_at: int | None = None) -> str | None:
+        """One epoch: its updates (fewer where `pause_at` env steps come first), then its row (stats,
+        evaluation) to every writer; the stop reason.
 
         Interrupted (Ctrl-C, SIGTERM) after an update, the epoch still gets its row, without the
         evaluation, before the interrupt goes on: every epoch the learner trained appears once in
@@ -191,7 +193,7 @@ class Trainer:
                 reason = self._stop_reason(time.perf_counter() - start, judge_window=self.group is None)
                 if self.group is not None:
                     self.group.decide(EPOCH_END if reason or i == self.budget.epoch_length - 1 else CONTINUE)
-                if reason:
+                if reason or (pause_at is not None and self.env_steps >= pause_at):
                     break
             if self.group is not None:
                 self._take_other_learners_episodes()

@@ -436,17 +436,17 @@ def test_resumed_best_eval_is_kept():
     assert [row["eval/best_return_mean"] for row in writer.rows] == [7.0, 8.0]
 
 
-def test_a_paused_run_returns_at_an_epoch_end_and_the_next_call_goes_on_with_its_counters_and_clock(clock):
-    """`run(pause_at=...)` (a population's member between two reports) returns at the end of the first
-    epoch that reaches the pause, without a closing line; the next call goes on, epochs and time_s
-    counted on from where the first call ended, no epoch written twice or split."""
+def test_a_paused_run_closes_its_epoch_at_the_pause_and_the_next_call_goes_on_with_its_counters_and_clock(clock):
+    """`run(pause_at=...)` (a population's member between two reports) returns at the first update that
+    reaches the pause, its epoch closed there (a shorter row), without a closing line; the next call goes
+    on, epochs and time_s counted on from where the first call ended, no epoch written twice."""
     loop = FakeLoop(steps=10, sleep_s=1.0, sleep=clock.sleep)
     trainer, _, writer = make(loop, max_env_steps=100, epoch_length=4)
     first = trainer.run(pause_at=25)
-    assert (first.stop_reason, trainer.env_steps, trainer.epoch) == (training.PAUSED, 40, 1)
-    second = trainer.run(pause_at=65)
-    assert (second.stop_reason, trainer.env_steps) == (training.PAUSED, 80)
+    assert (first.stop_reason, trainer.env_steps, trainer.epoch) == (training.PAUSED, 30, 1)
+    second = trainer.run(pause_at=55)
+    assert (second.stop_reason, trainer.env_steps) == (training.PAUSED, 60)
     last = trainer.run()
     assert last.stop_reason == "max_env_steps" and trainer.env_steps == 100
-    assert [(row["epoch"], row["env_steps"], row["time_s"]) for row in writer.rows] == [(1, 40, 4.0), (2, 80, 8.0), (3, 100, 10.0)]
+    assert [(row["epoch"], row["env_steps"], row["time_s"]) for row in writer.rows] == [(1, 30, 3.0), (2, 60, 6.0), (3, 100, 10.0)]
     assert trainer.state_dict()["time_s"] == 10.0
