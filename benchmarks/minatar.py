@@ -32,6 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from machine import machine_line  # noqa: E402
+from figures import finish_grid  # noqa: E402
 from runs import publish, run_train  # noqa: E402
 from scores import iqm_with_interval  # noqa: E402
 from zoo import code_version, save  # noqa: E402
@@ -59,8 +60,7 @@ def run(args) -> None:
         start = time.perf_counter()
         try:
             result = run_train(overrides, run_dir, timeout_s=args.timeout_h * 3600)
-            evals = [row for row in result.rows if "eval/return_mean" in row]
-            curve = [(row.get("eval/snapshot_env_steps", row["env_steps"]), row["eval/return_mean"]) for row in evals]
+            curve = result.eval_curve()
             algorithm = yaml.safe_load((run_dir / "config.yaml").read_text())["algorithm"]["_target_"]
             record.update(score=curve[-1][1], last3=statistics.fmean(v for _, v in curve[-3:]),
                           env_steps=result.rows[-1]["env_steps"], wall_s=result.wall_s, algorithm=algorithm, curve=curve)
@@ -136,13 +136,7 @@ def plot(table: dict[str, dict[int, dict]], path: Path) -> None:
         ax.set_title(game, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
-    handles = {h.get_label(): h for ax in axes[0] for h in ax.get_legend_handles_labels()[0]}
-    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=2, fontsize=8)
-    fig.supxlabel("env steps", fontsize=8, y=0.1)
-    fig.supylabel("eval return", fontsize=8)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    finish_grid(fig, axes[0], path, ncol=2, bottom=0.1)
 
 
 def main() -> None:

@@ -31,6 +31,12 @@ class TrainRun:
         values = [row[key] for row in self.rows[skip:] if key in row] or [row[key] for row in self.rows if key in row]
         return statistics.median(values) if values else float("nan")
 
+    def eval_curve(self) -> list[tuple[int, float]]:
+        """(env steps, evaluation mean return) of every evaluation: a background evaluation's row names
+        the weights it judged (eval/snapshot_env_steps)."""
+        return [(row.get("eval/snapshot_env_steps", row["env_steps"]), row["eval/return_mean"])
+                for row in self.rows if "eval/return_mean" in row]
+
     def updates_per_s(self, skip: int = 2) -> float:
         rows = self.rows[skip:] if len(self.rows) > skip + 1 else self.rows
         pairs = list(zip(rows, rows[1:]))

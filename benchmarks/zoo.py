@@ -46,6 +46,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from machine import commit, machine_line  # noqa: E402
+from figures import finish_grid  # noqa: E402
 from runs import publish, run_train  # noqa: E402
 
 RESULTS = HERE / "results" / "zoo.jsonl"
@@ -129,11 +130,9 @@ def run_maze(args) -> None:
         start = time.perf_counter()
         try:
             run = run_train(overrides, run_dir, timeout_s=args.timeout_h * 3600)
-            evals = [row for row in run.rows if "eval/return_mean" in row]
-            # a background evaluation's row names the weights it judged
-            curve = [(row.get("eval/snapshot_env_steps", row["env_steps"]), row["eval/return_mean"]) for row in evals]
+            curve = run.eval_curve()
             config = (run_dir / "config.yaml").read_text()
-            record.update(score=evals[-1]["eval/return_mean"], env_steps=run.rows[-1]["env_steps"], wall_s=run.wall_s,
+            record.update(score=curve[-1][1], env_steps=run.rows[-1]["env_steps"], wall_s=run.wall_s,
                           algorithm=yaml.safe_load(config)["algorithm"]["_target_"], curve=curve)
         except (SystemExit, Exception) as error:  # recorded, and the table goes on
             record.update(error=str(error)[-3000:] or type(error).__name__, wall_s=time.perf_counter() - start)
@@ -342,13 +341,7 @@ def plot(groups: dict[str, dict[str, dict[int, dict]]], randoms: dict, path: Pat
         ax.tick_params(labelsize=7)
         ax.xaxis.get_offset_text().set_fontsize(7)
         ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
-    handles = {h.get_label(): h for ax in axes.ravel() for h in ax.get_legend_handles_labels()[0]}
-    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=min(len(handles), 5), fontsize=8)
-    fig.supxlabel("env steps", fontsize=8, y=0.06)
-    fig.supylabel("eval return", fontsize=8)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    finish_grid(fig, axes.ravel(), path, ncol=5)
 
 
 def main() -> None:
