@@ -130,13 +130,13 @@ def plot(table: dict[str, dict[int, dict]], path: Path) -> None:
             ax.plot(c[:, 0], c[:, 1], color="C0", lw=0.6, alpha=0.4)
         grid = min(curves, key=lambda c: c[-1, 0])[:, 0]
         ax.plot(grid, np.mean([np.interp(grid, c[:, 0], c[:, 1]) for c in curves], axis=0), color="C0", lw=1.8,
-                label=f"maze_cli, mean of {len(curves)} seeds")
+                label="maze_cli, mean over seeds (each seed thin)")
         if game in GYMNAX:
             ax.axhline(GYMNAX[game], color="black", ls="--", lw=1, label="gymnax PPO at 10M")
-        ax.set_title(game, fontsize=9)
+        ax.set_title(f"{game} ({len(curves)} seed{'s' * (len(curves) > 1)})", fontsize=9)
         ax.tick_params(labelsize=7)
         ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
-    finish_grid(fig, axes[0], path, ncol=2, bottom=0.1)
+    finish_grid(fig, axes[0], path, ncol=2, bottom=0.16)
 
 
 def main() -> None:
