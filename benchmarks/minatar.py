@@ -12,7 +12,7 @@ as gymnax's figure is its checkpoint's return at 10M env steps. Each run appends
 benchmarks/results/minatar.jsonl, its evaluation curve included; a failed run is recorded with its error.
 
 `report`: per game every seed's score, the mean and IQM over seeds with 95% bootstrap intervals (rliable), the
-best of the last three evaluations beside it, gymnax's figure and whether the mean is at or above it; the bar
+mean of each seed's last three evaluations beside it, gymnax's figure and whether the mean is at or above it; the bar
 is at or above on 3 of the 4 games gymnax reports. Seaquest, which gymnax does not implement, stands beside.
 Breakout and SpaceInvaders chose the MinAtar settings (benchmarks/PIXELS.md); Asterix, Freeway and Seaquest
 are held out.
@@ -101,7 +101,8 @@ def report(args) -> None:
             mean, mid, lo, hi, (mean_lo, mean_hi) = iqm_with_interval(scores)
             stats = f"{mean:.1f} [{mean_lo:.1f}, {mean_hi:.1f}] | {mid:.1f} [{lo:.1f}, {hi:.1f}]"
         else:
-            mean, stats = statistics.fmean(scores), f"{statistics.fmean(scores):.1f} ({len(scores)} seeds) | -"
+            mean = statistics.fmean(scores)
+            stats = f"{mean:.1f} ({len(scores)} seeds) | -"
         reference = GYMNAX.get(game)
         above = "-" if reference is None else ("yes" if mean >= reference else "no")
         met += above == "yes"
