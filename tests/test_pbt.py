@@ -67,6 +67,31 @@ def test_a_member_at_the_bottom_copies_only_a_member_clearly_better_than_noise(t
     assert scheduler._clearly_better(better, bottom) is copies
 
 
+def test_a_member_that_just_copied_is_not_copied_over_before_its_explored_values_show(tmp_path):
+    """The member at the bottom after a copy is the next lowest one, until the copier has trained two
+    intervals with what it explored."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("ray.tune")
+    from maze_cli.cli.population import _scheduler
+
+    pbt = SimpleNamespace(interval_env_steps=1000, quantile_fraction=0.25, synchronous=False, scheduler="pbt",
+                          copy_margin=0.0, resample_probability=0.25)
+    scheduler = _scheduler(pbt, [Mutation("algorithm.lr", 1e-5, 1e-2)], tmp_path)
+    class StandInTrial:  # what the scheduler reads of Tune's Trial here
+        def is_finished(self) -> bool:
+            return False
+
+    top, copier, middle, old = (StandInTrial() for _ in range(4))
+    scores = {top: 9.0, copier: 5.0, middle: 7.0, old: 6.0}
+    scheduler._trial_state = {t: SimpleNamespace(last_score=s, last_result={"env_steps": 3000}) for t, s in scores.items()}
+    assert scheduler._quantiles() == ([copier], [top])
+    scheduler._copied_at[copier] = 2000  # one interval ago: its score is still mostly the donor's weights
+    assert scheduler._quantiles() == ([old], [top])
+    scheduler._trial_state[copier].last_result = {"env_steps": 4000}  # two intervals with its own values
+    assert scheduler._quantiles() == ([copier], [top])
+
+
 def test_an_explore_crosses_a_range_of_any_width_in_a_few_steps_and_turns_at_its_bounds():
     import random
 

@@ -241,6 +241,7 @@ def _recorded(scheduler: type) -> type:
             super().__init__(**options)
             self._run_dir, self._mutations, self._margin, self._rng = run_dir, mutations, copy_margin, rng
             self._errors: dict[Trial, float] = {}  # each member's latest score's standard error
+            self._copied_at: dict[Trial, int] = {}  # the env steps of each member's latest copy
 
         def on_trial_result(self, tune_controller, trial, result):
             """As the scheduler decides, except that a member never pauses to let a waiting one run: the
@@ -251,6 +252,26 @@ def _recorded(scheduler: type) -> type:
             if decision == TrialScheduler.PAUSE and not self._synch and trial.status != Trial.PAUSED:
                 return TrialScheduler.CONTINUE
             return decision
+
+        def _quantiles(self):
+            """Tune's quantiles, except that a member whose latest copy is under two intervals old is
+            never at the bottom (the next lowest member is): its score at its first report after the
+            copy is mostly the donor's weights, its explored values not yet shown, and copying it over
+            then would end every explored line after one interval, leaving the population where it
+            started when every member starts alike."""
+            lower, upper = super()._quantiles()
+            if not lower:
+                return lower, upper
+            ranked = sorted((t for t, state in self._trial_state.items() if t not in upper and state.last_score is not None
+                             and not math.isnan(state.last_score) and not t.is_finished() and not self._settling(t)),
+                            key=lambda t: self._trial_state[t].last_score)
+            return ranked[:len(lower)], upper
+
+        def _settling(self, trial) -> bool:
+            """Whether `trial`'s latest copy is under two intervals before its latest report (a member
+            reports a little past each multiple of the interval, hence 1.5)."""
+            copied, result = self._copied_at.get(trial), self._trial_state[trial].last_result or {}
+            return copied is not None and result.get("env_steps", copied) - copied < 1.5 * self._perturbation_interval
 
         def _checkpoint_or_exploit(self, trial, tune_controller, upper_quantile, lower_quantile):
             """A member at the bottom copies one at the top; every other member saves its checkpoint at
@@ -297,6 +318,7 @@ def _recorded(scheduler: type) -> type:
                    "copied": trial_to_clone.config["index"], "score": state.last_score, "copied_score": donor.last_score,
                    "before": before, "after": after}
             journal.record(self._run_dir, row)
+            self._copied_at[trial] = row["env_steps"]
             log.info(f"pbt: member {row['member']} (score {row['score']:.2f}) copies member {row['copied']} "
                      f"(score {row['copied_score']:.2f}) at {row['env_steps']:,} env steps: {describe(after)}")
 
