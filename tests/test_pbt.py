@@ -167,6 +167,13 @@ def test_a_population_with_a_key_it_cannot_change_fails_before_ray_starts(tmp_pa
     assert_one_line_error(result, "pbt.mutations: policy.hidden_sizes cannot change mid-run", "algorithm.lr")
 
 
+def test_a_population_whose_env_cannot_be_built_fails_before_ray_starts(tmp_path):
+    result = run_train("+env=gym", "env.id=CartPol-v1", "pbt.population=2", "pbt.mutations={algorithm.lr: [1e-5, 3e-3]}",
+                       run_dir=tmp_path / "run")
+    assert_one_line_error(result, "CartPol-v1")
+    assert not (tmp_path / "run" / "tune").exists()
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_every_member_of_a_population_and_resume_goes_on_from_each_members_checkpoint(tmp_path):
     """SIGINT while the members train with actors of their own: the command ends as interrupted, each

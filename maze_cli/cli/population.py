@@ -35,9 +35,13 @@ class PopulationFailed(MazeCliError, RuntimeError):
 
 
 def check_population(settings: Settings) -> list[Mutation]:
-    """The population's keys, checked before anything starts (one line naming the bad key)."""
+    """The population's keys and its env, checked before anything starts (one line naming the bad key):
+    a member that cannot build its env would fail, and be started again, MEMBER_RESTARTS times each."""
+    from maze_cli.cli.build import check_env
+
     pbt, t = settings.train.pbt, settings.train
     mutations = check_mutations(pbt.mutations, settings.algorithm)
+    check_env(settings)
     if pbt.interval_env_steps >= t.max_env_steps:
         raise ConfigError(f"pbt.interval_env_steps={pbt.interval_env_steps:,} leaves no exploit within max_env_steps="
                           f"{t.max_env_steps:,} (each member's budget); make it a fraction of it, e.g. "
@@ -372,10 +376,12 @@ def _summary(run_dir: Path, results: Any, start: dict[str, float], started: floa
     if any(r.error is None and not (r.metrics or {}).get("done") for r in results):  # Tune stopped them on Ctrl-C
         log.info("interrupted: every member stopped (each member's stats and checkpoints up to its last interval are in its dir)")
         raise KeyboardInterrupt
-    failed = [r.config.get("index") for r in results if r.error is not None]
+    failed = [r for r in results if r.error is not None]
     if failed:
-        raise PopulationFailed(f"member{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))} failed: see "
-                               f"{run_dir}/member_<i>/train.log and Ray Tune's error.txt under {run_dir / 'tune'}")
+        named = sorted(str(r.config["index"]) for r in failed if r.config)  # (Tune may keep no config of a failed member)
+        which = f"member{'s' if len(named) > 1 else ''} {', '.join(named)}" if len(named) == len(failed) else f"{len(failed)} members"
+        raise PopulationFailed(f"{which} failed: see {run_dir}/member_<i>/train.log and Ray Tune's error.txt under "
+                               f"{run_dir / 'tune'}")
     return {"stop_reason": "pbt", "env_steps": None, "time_s": time.perf_counter() - started,
             "objective": scored[best] if best is not None else float("nan")}
 
