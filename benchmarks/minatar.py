@@ -86,9 +86,11 @@ def report(args) -> None:
     table = load(args.results, args.label)
     if not table:
         raise SystemExit(f"no run labelled {args.label!r} in {args.results}: run `python benchmarks/minatar.py run` first")
-    first = next(iter(next(iter(table.values())).values()))
+    records = [record for seeds in table.values() for record in seeds.values()]
+    machines = "; ".join(sorted({r["machine"] for r in records}))  # (seeds may have run on different machines)
+    commits = ", ".join(sorted({r["commit"] for r in records}))
     lines = [f"`train +env=minatar env.id=MinAtar/<game>-v1 max_env_steps=<budget> seed=<s>` (label {args.label}); "
-             f"{first['machine']}; maze_cli {first['commit']}.", "",
+             f"{machines}; maze_cli {commits}.", "",
              "| game | env steps | every seed's last evaluation, in order | mean [95% CI] | IQM [95% CI] "
              "| mean of the last 3 evaluations | gymnax PPO | at or above |",
              "|---|---:|---|---|---|---:|---:|---|"]
