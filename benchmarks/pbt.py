@@ -121,21 +121,36 @@ def cost(seeds: list[int], results: Path, runs_dir: Path, budget: int) -> None:
             raise SystemExit("a run side by side failed")
         side_s = time.perf_counter() - start
         side_steps = sum(evaluations(runs_dir / f"cost-side-seed{seed}-{i}")[1] for i in range(4))
-        training = training_rate(sorted(population.glob("member_*"))) / training_rate(
-            [runs_dir / f"cost-side-seed{seed}-{i}" for i in range(4)])
+        members, side = sorted(population.glob("member_*")), [runs_dir / f"cost-side-seed{seed}-{i}" for i in range(4)]
         row = {"label": "cost", "seed": seed, "budget": budget, "pbt_steps_per_s": pbt_steps / pbt_s, "side_by_side_steps_per_s": side_steps / side_s,
-               "ratio": (pbt_steps / pbt_s) / (side_steps / side_s), "training_ratio": training, "pbt_wall_s": pbt_s,
-               "side_by_side_wall_s": side_s}
+               "ratio": (pbt_steps / pbt_s) / (side_steps / side_s), "pbt_wall_s": pbt_s, "side_by_side_wall_s": side_s,
+               **training_ratios(members, side)}
         with results.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
 
 
-def training_rate(run_dirs: list[Path]) -> float:
+def training_rate(run_dirs: list[Path], without_eval: bool = False) -> float:
     """Env steps per second of runs trained together, counting their training time alone (the longest
-    run's `time_s`): start-up and shutdown left out."""
-    last = [json.loads((d / "stats.jsonl").read_text().splitlines()[-1]) for d in run_dirs]
-    return sum(row["env_steps"] for row in last) / max(row["time_s"] for row in last)
+    run's `time_s`): start-up and shutdown left out; `without_eval`, their evaluations' seconds too."""
+    totals = []
+    for run_dir in run_dirs:
+        rows = [json.loads(line) for line in (run_dir / "stats.jsonl").read_text().splitlines() if line.strip()]
+        eval_s = sum(row.get("time/eval_s") or 0.0 for row in rows) if without_eval else 0.0
+        totals.append((rows[-1]["env_steps"], rows[-1]["time_s"] - eval_s))
+    return sum(steps for steps, _ in totals) / max(seconds for _, seconds in totals)
+
+
+def training_ratios(members: list[Path], side: list[Path]) -> dict:
+    """The population's training rate against the side-by-side runs', with and without evaluation, and each side's
+    evaluations: a member evaluates at each interval, a plain run at each epoch, and a better policy's evaluation
+    episodes last longer (CartPole's: up to 500 steps), so that evaluation takes a share of its own in the cost."""
+    def evaluations(run_dirs: list[Path]) -> int:
+        return sum(1 for d in run_dirs for line in (d / "stats.jsonl").read_text().splitlines() if '"eval/return_mean"' in line)
+
+    return {"training_ratio": training_rate(members) / training_rate(side),
+            "training_ratio_without_eval": training_rate(members, True) / training_rate(side, True),
+            "pbt_evaluations": evaluations(members), "side_by_side_evaluations": evaluations(side)}
 
 
 def report(results: Path) -> None:
@@ -158,12 +173,13 @@ def report(results: Path) -> None:
     costs = [r for r in rows if r["label"] == "cost"]
     if costs:
         print("\n| env steps a run | seed | machine | population env steps/s | 4 runs side by side env steps/s | ratio | "
-              "ratio while training |")
-        print("|---:|---:|---|---:|---:|---:|---:|")
+              "ratio while training | ratio while training, evaluations left out | evaluations (population / side by side) |")
+        print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
         for row in costs:
-            training = f"{row['training_ratio']:.2f}x" if "training_ratio" in row else ""
+            training, without = (f"{row[key]:.2f}x" if key in row else "" for key in ("training_ratio", "training_ratio_without_eval"))
+            counts = f"{row['pbt_evaluations']} / {row['side_by_side_evaluations']}" if "pbt_evaluations" in row else ""
             print(f"| {row.get('budget', 1_000_000):,} | {row['seed']} | {row.get('machine', '')} | {row['pbt_steps_per_s']:,.0f} | "
-                  f"{row['side_by_side_steps_per_s']:,.0f} | {row['ratio']:.2f}x | {training} |")
+                  f"{row['side_by_side_steps_per_s']:,.0f} | {row['ratio']:.2f}x | {training} | {without} | {counts} |")
 
 
 def bootstrap_interval(values: list[float], draws: int = 10_000) -> tuple[float, float]:
