@@ -104,7 +104,7 @@ def report(args) -> None:
             stats = f"{mean:.1f} [{mean_lo:.1f}, {mean_hi:.1f}] | {mid:.1f} [{lo:.1f}, {hi:.1f}]"
         else:
             mean = statistics.fmean(scores)
-            stats = f"{mean:.1f} ({len(scores)} seeds) | -"
+            stats = f"{mean:.1f} ({len(scores)} seed{'s' if len(scores) > 1 else ''}) | -"
         reference = GYMNAX.get(game)
         above = "-" if reference is None else ("yes" if mean >= reference else "no")
         met += above == "yes"
