@@ -145,12 +145,12 @@ def training_ratios(members: list[Path], side: list[Path]) -> dict:
     """The population's training rate against the side-by-side runs', with and without evaluation, and each side's
     evaluations: a member evaluates at each interval, a plain run at each epoch, and a better policy's evaluation
     episodes last longer (CartPole's: up to 500 steps), so that evaluation takes a share of its own in the cost."""
-    def evaluations(run_dirs: list[Path]) -> int:
-        return sum(1 for d in run_dirs for line in (d / "stats.jsonl").read_text().splitlines() if '"eval/return_mean"' in line)
+    def count(run_dirs: list[Path]) -> int:
+        return sum(len(found) for d in run_dirs for found in evaluations(d)[0])
 
     return {"training_ratio": training_rate(members) / training_rate(side),
             "training_ratio_without_eval": training_rate(members, True) / training_rate(side, True),
-            "pbt_evaluations": evaluations(members), "side_by_side_evaluations": evaluations(side)}
+            "pbt_evaluations": count(members), "side_by_side_evaluations": count(side)}
 
 
 def report(results: Path) -> None:

@@ -78,6 +78,7 @@ def test_a_member_that_just_copied_is_not_copied_over_before_its_explored_values
     pbt = SimpleNamespace(interval_env_steps=1000, quantile_fraction=0.25, synchronous=False, scheduler="pbt",
                           copy_margin=0.0, resample_probability=0.25)
     scheduler = _scheduler(pbt, [Mutation("algorithm.lr", 1e-5, 1e-2)], tmp_path)
+
     class StandInTrial:  # what the scheduler reads of Tune's Trial here
         def is_finished(self) -> bool:
             return False

@@ -41,13 +41,13 @@ def check_population(settings: Settings) -> list[Mutation]:
 
     pbt, t = settings.train.pbt, settings.train
     mutations = check_mutations(pbt.mutations, settings.algorithm)
-    check_env(settings)
     if pbt.interval_env_steps >= t.max_env_steps:
         raise ConfigError(f"pbt.interval_env_steps={pbt.interval_env_steps:,} leaves no exploit within max_env_steps="
                           f"{t.max_env_steps:,} (each member's budget); make it a fraction of it, e.g. "
                           f"pbt.interval_env_steps={max(1, t.max_env_steps // 10)}")
     if t.learner.num_learners > 1:
         raise ConfigError("pbt.population with learner.num_learners > 1 is not supported; one learner per member")
+    check_env(settings)  # (last: it builds an env, the checks above read the config)
     return mutations
 
 
