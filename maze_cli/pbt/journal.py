@@ -19,26 +19,33 @@ def member_dir(run_dir: Path, index: int) -> Path:
     return run_dir / f"member_{index}"
 
 
-def score_error(rows: list[dict[str, Any]], episodes: int) -> float:
-    """The standard error of `score_of(rows)` where it is an evaluation's mean over `episodes` (its
-    spread is in the row); 0 for a training window, whose spread is not kept."""
-    for row in reversed(rows):
-        if row.get("eval/return_mean") is not None:
-            return float(row.get("eval/return_std") or 0.0) / max(1, episodes) ** 0.5
-        if row.get("train/return_window_mean") is not None or row.get("train/return_mean") is not None:
-            return 0.0
-    return 0.0
+def _ranked_row(rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str | None]:
+    """The row and key PBT ranks a member by: its latest evaluation where it has evaluated, even where
+    rows without one came after it (a run evaluating every few epochs must not be ranked by its
+    sampled training episodes between two evaluations, whose scale a greedy evaluation's need not
+    share); a run that never evaluated: its latest training returns (train/return_window_mean,
+    train/return_mean until the window is full)."""
+    for keys in (("eval/return_mean",), ("train/return_window_mean", "train/return_mean")):
+        for row in reversed(rows):
+            key = next((k for k in keys if row.get(k) is not None), None)
+            if key is not None:
+                return row, key
+    return None, None
 
 
 def score_of(rows: list[dict[str, Any]]) -> float | None:
-    """What PBT ranks a member by: its latest evaluation's mean return, or, without evaluation, the
-    mean return of its last training episodes (train/return_window_mean, train/return_mean until the
-    window is full)."""
-    for row in reversed(rows):
-        for key in ("eval/return_mean", "train/return_window_mean", "train/return_mean"):
-            if row.get(key) is not None:
-                return float(row[key])
-    return None
+    """What PBT ranks a member by (`_ranked_row`); None before the member has any."""
+    row, key = _ranked_row(rows)
+    return None if row is None else float(row[key])
+
+
+def score_error(rows: list[dict[str, Any]], episodes: int) -> float:
+    """The standard error of `score_of(rows)` where it is an evaluation's mean over `episodes` (its
+    spread is in the row); 0 for training returns, whose spread is not kept."""
+    row, key = _ranked_row(rows)
+    if key != "eval/return_mean":
+        return 0.0
+    return float(row.get("eval/return_std") or 0.0) / max(1, episodes) ** 0.5
 
 
 COPY_ORDER = "copy.json"  # in a member's dir: the checkpoint it copies and the values it explores, before its next interval
