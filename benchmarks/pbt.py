@@ -31,6 +31,10 @@ import time
 from pathlib import Path
 
 TRAIN = Path(sys.executable).with_name("train")
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from machine import cpu_model  # noqa: E402
+from zoo import code_version  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "pbt.jsonl"
 TASK = ["+env=cartpole", "algorithm.lr=1e-5", "max_env_steps=1000000"]
@@ -66,10 +70,10 @@ def judged(run_dirs: list[Path]) -> dict:
             "best_last_eval": max((evals[-1] for evals in runs), default=None), "env_steps": steps}
 
 
-def run(task: str, seeds: list[int], single: bool, results: Path, runs_dir: Path, overrides: list[str]) -> None:
+def run(task: str, seeds: list[int], single: bool, results: Path, runs_dir: Path, overrides: list[str], tag: str = "") -> None:
     """Populations of `task`, or (`single`) the independent runs set against them: one run, or several
     started together with seeds of their own (`seed * 100 + i`). `overrides` go on every command and
-    into the label."""
+    into the label, and so does `tag` (a note of what differs: the code, the load)."""
     command, population, independent = TASKS[task]
     command = [*command, *overrides]
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")}
@@ -77,7 +81,7 @@ def run(task: str, seeds: list[int], single: bool, results: Path, runs_dir: Path
         label = ("single" if independent == 1 else f"independent-{independent}") if single else "pbt-4"
         if task != "cartpole":
             label = f"{task}-{label}"
-        label = " ".join([label, *overrides])
+        label = " ".join([label, *overrides, *([tag] if tag else [])])
         name = label.replace(" ", "_").replace("=", "-")
         jobs = ([(f"seed={seed}", runs_dir / f"{name}-seed{seed}")] if not single or independent == 1 else
                 [(f"seed={seed * 100 + i}", runs_dir / f"{name}-seed{seed}-{i}") for i in range(independent)])
@@ -93,6 +97,7 @@ def run(task: str, seeds: list[int], single: bool, results: Path, runs_dir: Path
         journal = run_dirs[0] / "pbt.jsonl"
         exploits = len(journal.read_text().splitlines()) if journal.is_file() else 0
         row = {"label": label, "seed": seed, **judged(run_dirs), "exploits": exploits, "wall_s": time.perf_counter() - start,
+               "machine": cpu_model(), "commit": code_version(),
                "command": "train " + " ".join([*command, *([] if single else population), f"seed={seed}"])}
         with results.open("a") as f:
             f.write(json.dumps(row) + "\n")
@@ -122,7 +127,7 @@ def cost(seeds: list[int], results: Path, runs_dir: Path, budget: int) -> None:
         side_s = time.perf_counter() - start
         side_steps = sum(evaluations(runs_dir / f"cost-side-seed{seed}-{i}")[1] for i in range(4))
         members, side = sorted(population.glob("member_*")), [runs_dir / f"cost-side-seed{seed}-{i}" for i in range(4)]
-        row = {"label": "cost", "seed": seed, "budget": budget, "pbt_steps_per_s": pbt_steps / pbt_s, "side_by_side_steps_per_s": side_steps / side_s,
+        row = {"label": "cost", "seed": seed, "budget": budget, "machine": cpu_model(), "commit": code_version(), "pbt_steps_per_s": pbt_steps / pbt_s, "side_by_side_steps_per_s": side_steps / side_s,
                "ratio": (pbt_steps / pbt_s) / (side_steps / side_s), "pbt_wall_s": pbt_s, "side_by_side_wall_s": side_s,
                **training_ratios(members, side)}
         with results.open("a") as f:
@@ -199,6 +204,7 @@ def main() -> None:
     go.add_argument("--task", choices=sorted(TASKS), default="cartpole")
     go.add_argument("--single", action="store_true", help="independent runs from the same start instead of populations")
     go.add_argument("--override", action="append", default=[], help="a key=value on every command (and in the label)")
+    go.add_argument("--tag", default="", help="a word added to the label (what differs from earlier rows)")
     go.add_argument("--results", type=Path, default=RESULTS)
     go.add_argument("--runs-dir", type=Path, help="where the run dirs go (default: a new temporary folder, kept)")
     price = sub.add_parser("cost")
@@ -213,7 +219,7 @@ def main() -> None:
         runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="maze-pbt-"))
         print(f"run dirs under {runs_dir}", flush=True)
         if args.command == "run":
-            run(args.task, args.seeds, args.single, args.results, runs_dir, args.override)
+            run(args.task, args.seeds, args.single, args.results, runs_dir, args.override, args.tag)
         else:
             cost(args.seeds, args.results, runs_dir, args.budget)
     else:
