@@ -27,7 +27,7 @@ from maze_cli.stats.aggregator import EpochStatsAggregator
 from maze_cli.stats.writers import StatsWriter
 
 log = logging.getLogger("maze_cli")
-PAUSED = "paused"  # `Trainer.run(pause_at=...)` or `(pause_after_epochs=...)` returned before the budget's end
+PAUSED = "paused"  # `Trainer.run(pause_at=...)` returned at an epoch's end, before the budget's end
 
 
 @dataclass
@@ -132,20 +132,17 @@ class Trainer:
             return 0.0
         return getattr(self, "_end", time.perf_counter()) - self._start
 
-    def run(self, trackers: Sequence[StatsWriter] = (), pause_at: int | None = None,
-            pause_after_epochs: int | None = None) -> TrainResult:
+    def run(self, trackers: Sequence[StatsWriter] = (), pause_at: int | None = None) -> TrainResult:
         """Train to the budget's end. `trackers`: writers that get every row of this run besides
         `writers` (experiment trackers, opened by the caller at the last moment, closed by it).
         `pause_at`: return once this many env steps are reached, with the stop reason `PAUSED` and no
         closing line (a population's member between two reports); the next call goes on from there, its
         clock too. The epoch under way closes at that update (a shorter row, and its evaluation if one is
         due), so that a member reports at the interval it was given, not at the next epoch's end: with a
-        learner of several processes, whose epochs end together, at the end of the epoch.
-        `pause_after_epochs`: likewise, once this many epochs are done (whole ones, as a run alone has)."""
+        learner of several processes, whose epochs end together, at the end of the epoch."""
         self._writing_to = [*self.writers, *trackers]
         start = self._start = time.perf_counter()
         first_epoch, first_steps = self.epoch, self.env_steps
-        last_epoch = None if pause_after_epochs is None else first_epoch + pause_after_epochs
         reason = None
         if self.evaluate_first and self.evaluate is not None and self.epoch == 0:
             self._evaluate_before_training()
@@ -156,8 +153,7 @@ class Trainer:
         ) as bar:
             while reason is None:
                 reason = self._epoch(start, bar, pause_at if self.group is None else None)
-                if reason is None and ((pause_at is not None and self.env_steps >= pause_at)
-                                       or (last_epoch is not None and self.epoch >= last_epoch)):
+                if reason is None and pause_at is not None and self.env_steps >= pause_at:
                     reason = PAUSED
         self._end = time.perf_counter()
         elapsed = self._end - start

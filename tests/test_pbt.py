@@ -86,11 +86,11 @@ def test_a_member_that_just_copied_is_not_copied_over_before_its_explored_values
 
     top, copier, middle, old = (StandInTrial() for _ in range(4))
     scores = {top: 9.0, copier: 5.0, middle: 7.0, old: 6.0}
-    scheduler._trial_state = {t: SimpleNamespace(last_score=s) for t, s in scores.items()}
+    scheduler._trial_state = {t: SimpleNamespace(last_score=s, last_result={"env_steps": 3000}) for t, s in scores.items()}
     assert scheduler._quantiles() == ([copier], [top])
-    scheduler._reports_since_copy[copier] = 1  # one interval since: its score is still mostly the donor's weights
+    scheduler._copied_at[copier] = 2000  # one interval ago: its score is still mostly the donor's weights
     assert scheduler._quantiles() == ([old], [top])
-    scheduler._reports_since_copy[copier] = 2  # two intervals with its own values
+    scheduler._trial_state[copier].last_result = {"env_steps": 4000}  # two intervals with its own values
     assert scheduler._quantiles() == ([copier], [top])
 
 
@@ -147,22 +147,21 @@ def test_new_values_reach_a_running_learner_at_its_next_update():
 @pytest.mark.slow
 def test_a_population_on_ray_tune_trains_members_copies_the_better_and_keeps_the_best(tmp_path):
     """Two members from a learning rate too small, synchronous (so that they meet at every interval
-    whatever the machine's load), at the default interval of one epoch: the weaker copies the
-    stronger's checkpoint and perturbs its lr (a row of pbt.jsonl each), one console line per member
-    per interval, each member an ordinary run dir of whole epochs each evaluated once, the best
-    member's checkpoint at the top, nothing left running."""
+    whatever the machine's load): the weaker copies the stronger's checkpoint and perturbs its lr (a
+    row of pbt.jsonl each), one console line per member per interval, each member an ordinary run dir,
+    the best member's checkpoint at the top, nothing left running."""
     run_dir = tmp_path / "pop"
     result = run_train("+env=cartpole", "runner=sequential", "pbt.population=2", "pbt.mutations={algorithm.lr: [1e-5, 3e-3]}",
                        "pbt.synchronous=true",
-                       "algorithm.lr=1e-5", "max_env_steps=16000", "epoch_length=2", "target_return=null",
+                       "algorithm.lr=1e-5", "max_env_steps=16000", "pbt.interval_env_steps=4000", "epoch_length=2", "target_return=null",
                        "eval.episodes=3", run_dir=run_dir, timeout=280, env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
     assert result.returncode == 0, result.stderr[-3000:]
     log = (run_dir / "train.log").read_text()
     for member in (0, 1):
         rows = [json.loads(line) for line in (run_dir / f"member_{member}" / "stats.jsonl").read_text().splitlines()]
         assert rows[-1]["env_steps"] >= 16000
-        assert all(row["env_steps"] % rows[0]["env_steps"] == 0 for row in rows), "whole epochs, as a run alone has"
-        assert all("eval/return_mean" in row for row in rows) and log.count(f"member {member}: ") == len(rows)
+        # one line per interval it trained: 4,096 ... 16,384 (fewer where a copy took it ahead with the other's counters)
+        assert 1 <= log.count(f"member {member}: ") <= 5
         assert (run_dir / f"member_{member}" / "checkpoints" / "last.pt").is_file()
     assert log.count("member 0: ") + log.count("member 1: ") >= 5
     exploits = journal.read(run_dir)

@@ -450,13 +450,3 @@ def test_a_paused_run_closes_its_epoch_at_the_pause_and_the_next_call_goes_on_wi
     assert last.stop_reason == "max_env_steps" and trainer.env_steps == 100
     assert [(row["epoch"], row["env_steps"], row["time_s"]) for row in writer.rows] == [(1, 30, 3.0), (2, 60, 6.0), (3, 100, 10.0)]
     assert trainer.state_dict()["time_s"] == 10.0
-
-
-def test_a_run_paused_after_each_epoch_writes_whole_epochs_as_a_run_alone_does(clock):
-    """`run(pause_after_epochs=1)` (a population's member at its default interval) returns at each
-    epoch's end: the rows are those of the same run trained in one call."""
-    loop = FakeLoop(steps=10, sleep_s=1.0, sleep=clock.sleep)
-    trainer, _, writer = make(loop, max_env_steps=100, epoch_length=4)
-    reasons = [trainer.run(pause_after_epochs=1).stop_reason for _ in range(3)]
-    assert reasons == [training.PAUSED, training.PAUSED, "max_env_steps"]
-    assert [(row["epoch"], row["env_steps"]) for row in writer.rows] == [(1, 40), (2, 80), (3, 100)]

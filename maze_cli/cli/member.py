@@ -72,8 +72,7 @@ class Member(tune.Trainable):
         self.from_scratch = resumed_from is None  # until Tune restores a checkpoint into it
 
     def step(self) -> dict[str, Any]:
-        """Train one interval: to the next multiple of `pbt.interval_env_steps` (null: one epoch), or the
-        budget's end."""
+        """Train one interval: to the next multiple of `pbt.interval_env_steps`, or the budget's end."""
         if self.from_scratch and self.rows_before:  # started again with no checkpoint of its own: what it wrote goes
             for writer in self.opened.files:
                 writer.rewind(0, 0)
@@ -83,10 +82,7 @@ class Member(tune.Trainable):
             self.load_checkpoint(order["checkpoint"])
             self._take(order["values"])
         trainer = self.opened.trainer
-        if self.interval is None:
-            result = trainer.run(pause_after_epochs=1)
-        else:
-            result = trainer.run(pause_at=(trainer.env_steps // self.interval + 1) * self.interval)
+        result = trainer.run(pause_at=(trainer.env_steps // self.interval + 1) * self.interval)
         done = result.stop_reason != PAUSED
         self.opened.checkpointer.save_last(trainer, result.stop_reason)  # what `train resume=<population>` goes on from
         if done:

@@ -41,7 +41,7 @@ def check_population(settings: Settings) -> list[Mutation]:
 
     pbt, t = settings.train.pbt, settings.train
     mutations = check_mutations(pbt.mutations, settings.algorithm)
-    if pbt.interval_env_steps is not None and pbt.interval_env_steps >= t.max_env_steps:
+    if pbt.interval_env_steps >= t.max_env_steps:
         raise ConfigError(f"pbt.interval_env_steps={pbt.interval_env_steps:,} leaves no exploit within max_env_steps="
                           f"{t.max_env_steps:,} (each member's budget); make it a fraction of it, e.g. "
                           f"pbt.interval_env_steps={max(1, t.max_env_steps // 10)}")
@@ -72,7 +72,8 @@ def run_population(cfg: DictConfig, settings: Settings, run_dir: Path, started: 
                         + (" and their Ray actors" if ray_actors else ""), log_to_driver=False)
     try:
         tuner = _tuner(cfg, settings, values, _member_needs(ray, settings, ray_actors), mutations, run_dir)
-        log.info(f"pbt: {pbt.population} members in {run_dir}/member_<i>, {pbt.scheduler} every {_interval(pbt)} over {', '.join(f'{m.key} [{m.low:g}, {m.high:g}]' for m in mutations)}"
+        log.info(f"pbt: {pbt.population} members in {run_dir}/member_<i>, {pbt.scheduler} every {pbt.interval_env_steps:,} "
+                 f"env steps over {', '.join(f'{m.key} [{m.low:g}, {m.high:g}]' for m in mutations)}"
                  + ("; resumed: each member goes on from its last checkpoint with its values" if settings.train.resume else ""))
         tune_log = logging.getLogger("ray.tune")
         level, tune_log.level = tune_log.level, logging.CRITICAL  # its notes and tracebacks: a member's failure is said here
@@ -85,10 +86,6 @@ def run_population(cfg: DictConfig, settings: Settings, run_dir: Path, started: 
         if connected:
             ray.shutdown()
     return _summary(run_dir, results, start, started)
-
-
-def _interval(pbt: Any) -> str:
-    return "epoch" if pbt.interval_env_steps is None else f"{pbt.interval_env_steps:,} env steps"
 
 
 def _tuner(cfg: DictConfig, settings: Settings, values: dict[int, dict[str, float]], needs: dict[str, float],
@@ -221,9 +218,7 @@ def _scheduler(pbt: Any, mutations: list[Mutation], run_dir: Path, seed: int = 0
     from ray.tune.schedulers import PopulationBasedTraining
 
     by_key = {m.key: m for m in mutations}
-    by_epoch = pbt.interval_env_steps is None  # a decision at each report: Tune counts them (its synchronous mode waits on it)
-    common = dict(time_attr="training_iteration" if by_epoch else "env_steps", metric="score", mode="max",
-                  perturbation_interval=1 if by_epoch else pbt.interval_env_steps,
+    common = dict(time_attr="env_steps", metric="score", mode="max", perturbation_interval=pbt.interval_env_steps,
                   quantile_fraction=pbt.quantile_fraction, synch=pbt.synchronous, log_config=False)
     if pbt.scheduler == "pb2":
         try:
@@ -250,15 +245,13 @@ def _recorded(scheduler: type) -> type:
             super().__init__(**options)
             self._run_dir, self._mutations, self._margin, self._rng = run_dir, mutations, copy_margin, rng
             self._errors: dict[Trial, float] = {}  # each member's latest score's standard error
-            self._reports_since_copy: dict[Trial, int] = {}  # each member's reports since its latest copy
+            self._copied_at: dict[Trial, int] = {}  # the env steps of each member's latest copy
 
         def on_trial_result(self, tune_controller, trial, result):
             """As the scheduler decides, except that a member never pauses to let a waiting one run: the
             population is sized so that every member runs at once (Tune's asynchronous PBT pauses a
             member whenever another is pending, so that one exploit would stop and rebuild them all)."""
             self._errors[trial] = result.get("score_error", 0.0)
-            if trial in self._reports_since_copy:
-                self._reports_since_copy[trial] += 1
             decision = super().on_trial_result(tune_controller, trial, result)
             if decision == TrialScheduler.PAUSE and not self._synch and trial.status != Trial.PAUSED:
                 return TrialScheduler.CONTINUE
@@ -279,9 +272,10 @@ def _recorded(scheduler: type) -> type:
             return ranked[:len(lower)], upper
 
         def _settling(self, trial) -> bool:
-            """Whether `trial` has reported fewer than two intervals since its latest copy (it copies
-            at the start of the interval after the report that ordered it)."""
-            return self._reports_since_copy.get(trial, 2) < 2
+            """Whether `trial`'s latest copy is under two intervals before its latest report (a member
+            reports a little past each multiple of the interval, hence 1.5)."""
+            copied, result = self._copied_at.get(trial), self._trial_state[trial].last_result or {}
+            return copied is not None and result.get("env_steps", copied) - copied < 1.5 * self._perturbation_interval
 
         def _checkpoint_or_exploit(self, trial, tune_controller, upper_quantile, lower_quantile):
             """A member at the bottom copies one at the top; every other member saves its checkpoint at
@@ -328,7 +322,7 @@ def _recorded(scheduler: type) -> type:
                    "copied": trial_to_clone.config["index"], "score": state.last_score, "copied_score": donor.last_score,
                    "before": before, "after": after}
             journal.record(self._run_dir, row)
-            self._reports_since_copy[trial] = 0
+            self._copied_at[trial] = row["env_steps"]
             log.info(f"pbt: member {row['member']} (score {row['score']:.2f}) copies member {row['copied']} "
                      f"(score {row['copied_score']:.2f}) at {row['env_steps']:,} env steps: {describe(after)}")
 

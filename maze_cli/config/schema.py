@@ -141,11 +141,7 @@ class PbtConfig:
                                              "(log-uniform where both are positive and span a decade or more); only "
                                              "keys the learner reads at each update (lr, entropy_coef, clip_range, "
                                              "gamma, ...). Each member starts from the run's own values")
-    interval_env_steps: Optional[PositiveInt] = key(None,
-                                                     "env steps of a member between two exploit-and-explore "
-                                                     "decisions; null: one epoch of the member's, so that it is "
-                                                     "ranked at each evaluation (eval.interval=1) and evaluates no "
-                                                     "more often than a run alone")
+    interval_env_steps: PositiveInt = key(50_000, "env steps of a member between two exploit-and-explore decisions")
     synchronous: bool = key(False,
                              "true: members wait for each other at every interval, so that they are ranked at the "
                              "same env steps and a copy is of the better member's newest weights, but each member's "
