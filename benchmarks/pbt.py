@@ -5,6 +5,7 @@
     python benchmarks/pbt.py run --task breakout --seeds 1 2 3       # MinAtar Breakout, 4 members, 2M env steps each
     python benchmarks/pbt.py run --task breakout --seeds 1 2 3 --single  # 4 independent runs side by side, 2M each
     python benchmarks/pbt.py cost --seeds 1 2 3                      # PBT's own cost: a population against 4 runs side by side
+    python benchmarks/pbt.py cost --seeds 1 2 3 --packaged-lr        # the same, both sides from CartPole's own lr
     python benchmarks/pbt.py report
 
 Each population is `train +env=cartpole pbt.population=4 'pbt.mutations={algorithm.lr: [1e-5, 3e-3]}'
@@ -104,14 +105,17 @@ def run(task: str, seeds: list[int], single: bool, results: Path, runs_dir: Path
         print(json.dumps(row), flush=True)
 
 
-def cost(seeds: list[int], results: Path, runs_dir: Path, budget: int) -> None:
+def cost(seeds: list[int], results: Path, runs_dir: Path, budget: int, packaged_lr: bool = False) -> None:
     """The population's env steps per second against the same 4 runs side by side without PBT (4 `train`
     processes started together), both to the full budget (`target_return=null`), one after the other;
     each side's time is its commands' whole wall time, start-up included, and, beside it, the ratio
-    while training (`training_rate`)."""
+    while training (`training_rate`). `packaged_lr`: both sides from CartPole's own learning rate, not
+    1e-5, so that the plain runs' policies are as good as the members' and play evaluation episodes as
+    long: what is left is what PBT itself costs (its evaluations at each interval, its mechanics, its start)."""
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")}
     for seed in seeds:
-        common = [*TASK[:-1], f"max_env_steps={budget}", "target_return=null", f"seed={seed}"]
+        start_lr = [] if packaged_lr else [TASK[1]]
+        common = [TASK[0], *start_lr, f"max_env_steps={budget}", "target_return=null", f"seed={seed}"]
         start = time.perf_counter()
         population = runs_dir / f"cost-pbt-seed{seed}"
         subprocess.run([str(TRAIN), *common, *POPULATION, f"hydra.run.dir={population}"], check=True, capture_output=True,
@@ -127,7 +131,7 @@ def cost(seeds: list[int], results: Path, runs_dir: Path, budget: int) -> None:
         side_s = time.perf_counter() - start
         side_steps = sum(evaluations(runs_dir / f"cost-side-seed{seed}-{i}")[1] for i in range(4))
         members, side = sorted(population.glob("member_*")), [runs_dir / f"cost-side-seed{seed}-{i}" for i in range(4)]
-        row = {"label": "cost", "seed": seed, "budget": budget, "machine": cpu_model(), "commit": code_version(), "pbt_steps_per_s": pbt_steps / pbt_s, "side_by_side_steps_per_s": side_steps / side_s,
+        row = {"label": "cost", "seed": seed, "budget": budget, "start_lr": "packaged" if packaged_lr else TASK[1].split("=")[1], "machine": cpu_model(), "commit": code_version(), "pbt_steps_per_s": pbt_steps / pbt_s, "side_by_side_steps_per_s": side_steps / side_s,
                "ratio": (pbt_steps / pbt_s) / (side_steps / side_s), "pbt_wall_s": pbt_s, "side_by_side_wall_s": side_s,
                **training_ratios(members, side)}
         with results.open("a") as f:
@@ -177,13 +181,13 @@ def report(results: Path) -> None:
                 print(f"| {label} | {rule} | {len(values)} | {sum(values) / len(values):.1f} [{low:.1f}, {high:.1f}] |")
     costs = [r for r in rows if r["label"] == "cost"]
     if costs:
-        print("\n| env steps a run | seed | machine | population env steps/s | 4 runs side by side env steps/s | ratio | "
+        print("\n| env steps a run | starting lr | seed | machine | population env steps/s | 4 runs side by side env steps/s | ratio | "
               "ratio while training | ratio while training, evaluations left out | evaluations (population / side by side) |")
-        print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---|---:|---|---:|---:|---:|---:|---:|---:|")
         for row in costs:
             training, without = (f"{row[key]:.2f}x" if key in row else "" for key in ("training_ratio", "training_ratio_without_eval"))
             counts = f"{row['pbt_evaluations']} / {row['side_by_side_evaluations']}" if "pbt_evaluations" in row else ""
-            print(f"| {row.get('budget', 1_000_000):,} | {row['seed']} | {row.get('machine', '')} | {row['pbt_steps_per_s']:,.0f} | "
+            print(f"| {row.get('budget', 1_000_000):,} | {row.get('start_lr', '1e-5')} | {row['seed']} | {row.get('machine', '')} | {row['pbt_steps_per_s']:,.0f} | "
                   f"{row['side_by_side_steps_per_s']:,.0f} | {row['ratio']:.2f}x | {training} | {without} | {counts} |")
 
 
@@ -212,6 +216,7 @@ def main() -> None:
     price.add_argument("--results", type=Path, default=RESULTS)
     price.add_argument("--runs-dir", type=Path)
     price.add_argument("--budget", type=int, default=1_000_000, help="each run's (each member's) env steps")
+    price.add_argument("--packaged-lr", action="store_true", help="both sides from CartPole's own learning rate, not 1e-5")
     rep = sub.add_parser("report")
     rep.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -221,7 +226,7 @@ def main() -> None:
         if args.command == "run":
             run(args.task, args.seeds, args.single, args.results, runs_dir, args.override, args.tag)
         else:
-            cost(args.seeds, args.results, runs_dir, args.budget)
+            cost(args.seeds, args.results, runs_dir, args.budget, args.packaged_lr)
     else:
         report(args.results)
 
