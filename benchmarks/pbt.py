@@ -105,17 +105,19 @@ def run(task: str, seeds: list[int], single: bool, results: Path, runs_dir: Path
         print(json.dumps(row), flush=True)
 
 
-def cost(seeds: list[int], results: Path, runs_dir: Path, budget: int, packaged_lr: bool = False) -> None:
+def cost(seeds: list[int], results: Path, runs_dir: Path, budget: int, packaged_lr: bool = False,
+         overrides: tuple[str, ...] = ()) -> None:
     """The population's env steps per second against the same 4 runs side by side without PBT (4 `train`
     processes started together), both to the full budget (`target_return=null`), one after the other;
     each side's time is its commands' whole wall time, start-up included, and, beside it, the ratio
     while training (`training_rate`). `packaged_lr`: both sides from CartPole's own learning rate, not
     1e-5, so that the plain runs' policies are as good as the members' and play evaluation episodes as
-    long: what is left is what PBT itself costs (its evaluations at each interval, its mechanics, its start)."""
+    long: what is left is what PBT itself costs (its evaluations at each interval, its mechanics, its start).
+    `overrides` go on both sides' commands (`pbt.*` keys change nothing in a plain run)."""
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")}
     for seed in seeds:
         start_lr = [] if packaged_lr else [TASK[1]]
-        common = [TASK[0], *start_lr, f"max_env_steps={budget}", "target_return=null", f"seed={seed}"]
+        common = [TASK[0], *start_lr, f"max_env_steps={budget}", "target_return=null", *overrides, f"seed={seed}"]
         start = time.perf_counter()
         population = runs_dir / f"cost-pbt-seed{seed}"
         subprocess.run([str(TRAIN), *common, *POPULATION, f"hydra.run.dir={population}"], check=True, capture_output=True,
@@ -131,7 +133,8 @@ def cost(seeds: list[int], results: Path, runs_dir: Path, budget: int, packaged_
         side_s = time.perf_counter() - start
         side_steps = sum(evaluations(runs_dir / f"cost-side-seed{seed}-{i}")[1] for i in range(4))
         members, side = sorted(population.glob("member_*")), [runs_dir / f"cost-side-seed{seed}-{i}" for i in range(4)]
-        row = {"label": "cost", "seed": seed, "budget": budget, "start_lr": "packaged" if packaged_lr else TASK[1].split("=")[1], "machine": cpu_model(), "commit": code_version(), "pbt_steps_per_s": pbt_steps / pbt_s, "side_by_side_steps_per_s": side_steps / side_s,
+        row = {"label": "cost", "seed": seed, "budget": budget, "start_lr": "packaged" if packaged_lr else TASK[1].split("=")[1],
+               "overrides": list(overrides), "machine": cpu_model(), "commit": code_version(), "pbt_steps_per_s": pbt_steps / pbt_s, "side_by_side_steps_per_s": side_steps / side_s,
                "ratio": (pbt_steps / pbt_s) / (side_steps / side_s), "pbt_wall_s": pbt_s, "side_by_side_wall_s": side_s,
                **training_ratios(members, side)}
         with results.open("a") as f:
@@ -217,6 +220,7 @@ def main() -> None:
     price.add_argument("--runs-dir", type=Path)
     price.add_argument("--budget", type=int, default=1_000_000, help="each run's (each member's) env steps")
     price.add_argument("--packaged-lr", action="store_true", help="both sides from CartPole's own learning rate, not 1e-5")
+    price.add_argument("--override", action="append", default=[], help="a key=value on both sides' commands")
     rep = sub.add_parser("report")
     rep.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -226,7 +230,7 @@ def main() -> None:
         if args.command == "run":
             run(args.task, args.seeds, args.single, args.results, runs_dir, args.override, args.tag)
         else:
-            cost(args.seeds, args.results, runs_dir, args.budget, args.packaged_lr)
+            cost(args.seeds, args.results, runs_dir, args.budget, args.packaged_lr, tuple(args.override))
     else:
         report(args.results)
 

@@ -86,9 +86,15 @@ class Trainer:
         self.evaluate_first = evaluate_first  # a warm start: epoch 0 is the policy as loaded
         self.env_steps = 0
         self.epoch = 0
+        self.updates, self._updated_env_steps = 0, 0  # this process's updates and the env steps they brought
         self.time_offset = 0.0  # seconds trained before a resume
         self.best_eval: float | None = None
         self.window: deque[float] = deque(maxlen=budget.target_window)
+
+    @property
+    def update_env_steps(self) -> float | None:
+        """The env steps an update brings, on average over this process's updates (None before the first)."""
+        return self._updated_env_steps / self.updates if self.updates else None
 
     def state_dict(self) -> dict[str, Any]:
         """Counters a resumed run continues from."""
@@ -325,7 +331,9 @@ class Trainer:
         returns = self.loop.actor_stats.values("episode_return")
         n_episodes = len(returns)
         steps = self.loop.iteration()
-        self.env_steps += steps if self.group is None else int(self.group.sum([steps])[0])
+        steps = steps if self.group is None else int(self.group.sum([steps])[0])
+        self.env_steps += steps
+        self.updates, self._updated_env_steps = self.updates + 1, self._updated_env_steps + steps
         self.window.extend(self.loop.actor_stats.values("episode_return")[n_episodes:])
 
     def _take_other_learners_episodes(self) -> None:

@@ -63,6 +63,7 @@ class Member(tune.Trainable):
         self.opened = open_run(cfg, settings, as_dict, env_factory, observation_space, action_space, self.trusted, resumed_from,
                                None, self.dir, console=False)
         self.interval, self.eval_episodes = settings.train.pbt.interval_env_steps, settings.train.eval.episodes
+        self.ranked_by = settings.train.pbt.score
         self.closing = contextlib.ExitStack()
         self.closing.enter_context(self.opened.run.runner)
         self.closing.callback(lambda: [writer.close() for writer in self.opened.files])
@@ -85,15 +86,26 @@ class Member(tune.Trainable):
         result = trainer.run(pause_at=(trainer.env_steps // self.interval + 1) * self.interval)
         done = result.stop_reason != PAUSED
         self.opened.checkpointer.save_last(trainer, result.stop_reason)  # what `train resume=<population>` goes on from
+        if self.ranked_by == "train":
+            self._evaluate_on_the_runs_cadence()
         if done:
             draw_learning_curve(self.dir)
         rows = read_rows(self.dir / "stats.jsonl")
-        return {"env_steps": trainer.env_steps, "score": self._score(rows), "score_error": score_error(rows, self.eval_episodes),
+        return {"env_steps": trainer.env_steps, "score": self._score(rows), "score_error": score_error(rows, self.eval_episodes, self.ranked_by),
                 "best_eval": trainer.best_eval, "member": self.index, "stop_reason": result.stop_reason, "done": done}
 
     def _score(self, rows: list[dict[str, Any]] | None = None) -> float:
-        score = score_of(read_rows(self.dir / "stats.jsonl") if rows is None else rows)
+        score = score_of(read_rows(self.dir / "stats.jsonl") if rows is None else rows, self.ranked_by)
         return float("nan") if score is None else score  # (PBT leaves a member without a score out of its ranking)
+
+    def _evaluate_on_the_runs_cadence(self) -> None:
+        """With `pbt.score=train` no decision needs an evaluation: a schedule by epochs, which the epochs
+        a member closes at each interval would make an evaluation per interval, goes by the env steps of
+        the run's own epochs instead, as soon as its updates tell how many an update brings."""
+        trainer = self.opened.trainer
+        schedule, per_update = trainer.eval_schedule, trainer.update_env_steps
+        if schedule.on and schedule.interval_env_steps is None and schedule.interval_s is None and per_update:
+            schedule.interval_env_steps = max(1, round(schedule.interval * trainer.budget.epoch_length * per_update))
 
     def save_checkpoint(self, checkpoint_dir: str) -> str:
         """The member as it is now, for PBT to hand to a member that copies it: maze_cli's own checkpoint."""

@@ -19,13 +19,14 @@ def member_dir(run_dir: Path, index: int) -> Path:
     return run_dir / f"member_{index}"
 
 
-def _ranked_row(rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str | None]:
+def _ranked_row(rows: list[dict[str, Any]], by: str = "eval") -> tuple[dict[str, Any] | None, str | None]:
     """The row and key PBT ranks a member by: its latest evaluation where it has evaluated, even where
     rows without one came after it (a run evaluating every few epochs must not be ranked by its
     sampled training episodes between two evaluations, whose scale a greedy evaluation's need not
-    share); a run that never evaluated: its latest training returns (train/return_window_mean,
-    train/return_mean until the window is full)."""
-    for keys in (("eval/return_mean",), ("train/return_window_mean", "train/return_mean")):
+    share); a run that never evaluated, or `by="train"` (`pbt.score`): its latest training returns
+    (train/return_window_mean, train/return_mean until the window is full)."""
+    training = ("train/return_window_mean", "train/return_mean")
+    for keys in ((training,) if by == "train" else (("eval/return_mean",), training)):
         for row in reversed(rows):
             key = next((k for k in keys if row.get(k) is not None), None)
             if key is not None:
@@ -33,16 +34,16 @@ def _ranked_row(rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str 
     return None, None
 
 
-def score_of(rows: list[dict[str, Any]]) -> float | None:
+def score_of(rows: list[dict[str, Any]], by: str = "eval") -> float | None:
     """What PBT ranks a member by (`_ranked_row`); None before the member has any."""
-    row, key = _ranked_row(rows)
+    row, key = _ranked_row(rows, by)
     return None if row is None else float(row[key])
 
 
-def score_error(rows: list[dict[str, Any]], episodes: int) -> float:
-    """The standard error of `score_of(rows)` where it is an evaluation's mean over `episodes` (its
+def score_error(rows: list[dict[str, Any]], episodes: int, by: str = "eval") -> float:
+    """The standard error of `score_of(rows, by)` where it is an evaluation's mean over `episodes` (its
     spread is in the row); 0 for training returns, whose spread is not kept."""
-    row, key = _ranked_row(rows)
+    row, key = _ranked_row(rows, by)
     if key != "eval/return_mean":
         return 0.0
     return float(row.get("eval/return_std") or 0.0) / max(1, episodes) ** 0.5
