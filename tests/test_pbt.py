@@ -104,6 +104,7 @@ def test_a_member_is_ranked_by_its_latest_evaluation_not_by_training_returns_bet
     unevaluated = [{"epoch": 1, "train/return_mean": 20.0}, {"epoch": 2, "train/return_window_mean": 30.0}]
     assert score_of(unevaluated) == 30.0 and score_error(unevaluated, episodes=4) == 0.0
     assert score_of([{"epoch": 1}]) is None
+    assert score_of(evaluated, by="train") == 30.0 and score_error(evaluated, episodes=4, by="train") == 0.0  # pbt.score=train
 
 
 def test_an_explore_crosses_a_range_of_any_width_in_a_few_steps_and_turns_at_its_bounds():

@@ -436,6 +436,16 @@ def test_resumed_best_eval_is_kept():
     assert [row["eval/best_return_mean"] for row in writer.rows] == [7.0, 8.0]
 
 
+def test_the_trainer_knows_the_env_steps_an_update_brings(clock):
+    """What a population's member ranked by training returns turns an evaluation schedule by epochs into
+    (maze_cli.cli.member): env steps of the run's own epochs."""
+    loop = FakeLoop(steps=10, sleep_s=1.0, sleep=clock.sleep)
+    trainer, _, _ = make(loop, max_env_steps=100, epoch_length=4)
+    assert trainer.update_env_steps is None
+    trainer.run(pause_at=25)
+    assert trainer.update_env_steps == 10.0 and trainer.updates == 3
+
+
 def test_a_paused_run_closes_its_epoch_at_the_pause_and_the_next_call_goes_on_with_its_counters_and_clock(clock):
     """`run(pause_at=...)` (a population's member between two reports) returns at the first update that
     reaches the pause, its epoch closed there (a shorter row), without a closing line; the next call goes
