@@ -184,13 +184,14 @@ def report(results: Path) -> None:
                 print(f"| {label} | {rule} | {len(values)} | {sum(values) / len(values):.1f} [{low:.1f}, {high:.1f}] |")
     costs = [r for r in rows if r["label"] == "cost"]
     if costs:
-        print("\n| env steps a run | starting lr | seed | machine | population env steps/s | 4 runs side by side env steps/s | ratio | "
+        print("\n| env steps a run | starting lr, settings | seed | machine | population env steps/s | 4 runs side by side env steps/s | ratio | "
               "ratio while training | ratio while training, evaluations left out | evaluations (population / side by side) |")
         print("|---:|---|---:|---|---:|---:|---:|---:|---:|---:|")
         for row in costs:
             training, without = (f"{row[key]:.2f}x" if key in row else "" for key in ("training_ratio", "training_ratio_without_eval"))
             counts = f"{row['pbt_evaluations']} / {row['side_by_side_evaluations']}" if "pbt_evaluations" in row else ""
-            print(f"| {row.get('budget', 1_000_000):,} | {row.get('start_lr', '1e-5')} | {row['seed']} | {row.get('machine', '')} | {row['pbt_steps_per_s']:,.0f} | "
+            settings = " ".join([row.get("start_lr", "1e-5"), *row.get("overrides", [])])
+            print(f"| {row.get('budget', 1_000_000):,} | {settings} | {row['seed']} | {row.get('machine', '')} | {row['pbt_steps_per_s']:,.0f} | "
                   f"{row['side_by_side_steps_per_s']:,.0f} | {row['ratio']:.2f}x | {training} | {without} | {counts} |")
 
 
