@@ -4,6 +4,7 @@
     python benchmarks/pbt.py run --seeds 1 --single                  # the single runs from the same lr, same seeds
     python benchmarks/pbt.py run --task breakout --seeds 1 2 3       # MinAtar Breakout, 4 members, 2M env steps each
     python benchmarks/pbt.py run --task breakout --seeds 1 2 3 --single  # 4 independent runs side by side, 2M each
+    python benchmarks/pbt.py run --task spaceinvaders --seeds 1 2 3     # the same on a game no PBT setting was chosen on
     python benchmarks/pbt.py cost --seeds 1 2 3                      # PBT's own cost: a population against 4 runs side by side
     python benchmarks/pbt.py cost --seeds 1 2 3 --packaged-lr        # the same, both sides from CartPole's own lr
     python benchmarks/pbt.py report
@@ -40,11 +41,13 @@ from zoo import code_version  # noqa: E402
 RESULTS = Path(__file__).parent / "results" / "pbt.jsonl"
 TASK = ["+env=cartpole", "algorithm.lr=1e-5", "max_env_steps=1000000"]
 POPULATION = ["pbt.population=4", "pbt.mutations={algorithm.lr: [1e-5, 3e-3]}"]
+MINATAR_POPULATION = ["pbt.population=4", "pbt.mutations={algorithm.lr: [2e-4, 2e-2], algorithm.entropy_coef: [0.002, 0.1]}",
+                      "pbt.interval_env_steps=200000"]
 TASKS = {  # task: (its command, what makes it a population, how many independent runs it is set against)
     "cartpole": (TASK, POPULATION, 1),
-    "breakout": (["+env=minatar", "max_env_steps=2000000"],
-                 ["pbt.population=4", "pbt.mutations={algorithm.lr: [2e-4, 2e-2], algorithm.entropy_coef: [0.002, 0.1]}",
-                  "pbt.interval_env_steps=200000"], 4),
+    "breakout": (["+env=minatar", "max_env_steps=2000000"], MINATAR_POPULATION, 4),
+    # not the task any PBT setting was chosen on: where a choice made on the two above is tried
+    "spaceinvaders": (["+env=minatar", "env.id=MinAtar/SpaceInvaders-v1", "max_env_steps=2000000"], MINATAR_POPULATION, 4),
 }
 
 
