@@ -116,6 +116,12 @@ class Trainer:
             return None
         return math.fsum(self.window) / len(self.window)
 
+    def window_std(self) -> float | None:
+        """Standard deviation of the window's returns (None until it is full): the spread that tells PBT
+        (`pbt.score=train`, `pbt.copy_margin`) a member's lead from the noise of its episodes."""
+        mean = self.window_mean()
+        return None if mean is None else math.sqrt(math.fsum((r - mean) ** 2 for r in self.window) / len(self.window))
+
     def _stop_reason(self, elapsed: float, judge_window: bool = True) -> str | None:
         """Budget checks after each update; with evaluation on, the target is judged on eval instead.
         With several learners the training window is judged at the epoch's end only, once it holds
@@ -370,6 +376,7 @@ class Trainer:
             "train/return_max": actor.get("episode_return", "max"),
             "train/episode_length_mean": actor.get("episode_length", "mean"),
             "train/return_window_mean": self.window_mean(),
+            "train/return_window_std": self.window_std(),
             "learner/updates": self.loop.updates(),
             "policy_lag_mean": actor.get("policy_lag", "mean"),
             "policy_lag_max": actor.get("policy_lag", "max"),

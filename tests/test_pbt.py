@@ -99,12 +99,14 @@ def test_a_member_is_ranked_by_its_latest_evaluation_not_by_training_returns_bet
     scale (sampled actions) a greedy evaluation's need not share; a run that never evaluates is ranked by
     its training returns."""
     evaluated = [{"epoch": 1, "train/return_mean": 20.0, "eval/return_mean": 90.0, "eval/return_std": 10.0},
-                 {"epoch": 2, "train/return_window_mean": 30.0}]
-    assert score_of(evaluated) == 90.0 and score_error(evaluated, episodes=4) == pytest.approx(5.0)
+                 {"epoch": 2, "train/return_window_mean": 30.0, "train/return_window_std": 8.0}]
+    assert score_of(evaluated) == 90.0 and score_error(evaluated, episodes=4, window=16) == pytest.approx(5.0)
     unevaluated = [{"epoch": 1, "train/return_mean": 20.0}, {"epoch": 2, "train/return_window_mean": 30.0}]
-    assert score_of(unevaluated) == 30.0 and score_error(unevaluated, episodes=4) == 0.0
+    assert score_of(unevaluated) == 30.0 and score_error(unevaluated, episodes=4, window=16) == 0.0
     assert score_of([{"epoch": 1}]) is None
-    assert score_of(evaluated, by="train") == 30.0 and score_error(evaluated, episodes=4, by="train") == 0.0  # pbt.score=train
+    # pbt.score=train: the training window's mean, its error from the window's spread over its episodes
+    assert score_of(evaluated, by="train") == 30.0 and score_error(evaluated, episodes=4, window=16, by="train") == pytest.approx(2.0)
+    assert score_error([{"epoch": 1, "train/return_mean": 20.0}], episodes=4, window=16, by="train") == 0.0  # window not yet full
 
 
 def test_an_explore_crosses_a_range_of_any_width_in_a_few_steps_and_turns_at_its_bounds():

@@ -229,6 +229,7 @@ def test_target_return_is_judged_on_the_last_window_of_episodes():
     assert loop.updates() == 3 and result.env_steps == 30
     assert result.return_window_mean == 10.0
     assert [row["train/return_window_mean"] for row in writer.rows] == [0.0, 5.0, 10.0]
+    assert [row["train/return_window_std"] for row in writer.rows] == [0.0, pytest.approx(75 ** 0.5), 10.0]  # its spread, for PBT
 
 
 def test_target_return_waits_for_a_full_window():

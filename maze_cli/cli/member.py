@@ -63,6 +63,7 @@ class Member(tune.Trainable):
         self.opened = open_run(cfg, settings, as_dict, env_factory, observation_space, action_space, self.trusted, resumed_from,
                                None, self.dir, console=False)
         self.interval, self.eval_episodes = settings.train.pbt.interval_env_steps, settings.train.eval.episodes
+        self.window = settings.train.target_window
         self.ranked_by = settings.train.pbt.score
         self.closing = contextlib.ExitStack()
         self.closing.enter_context(self.opened.run.runner)
@@ -91,7 +92,7 @@ class Member(tune.Trainable):
         if done:
             draw_learning_curve(self.dir)
         rows = read_rows(self.dir / "stats.jsonl")
-        return {"env_steps": trainer.env_steps, "score": self._score(rows), "score_error": score_error(rows, self.eval_episodes, self.ranked_by),
+        return {"env_steps": trainer.env_steps, "score": self._score(rows), "score_error": score_error(rows, self.eval_episodes, self.window, self.ranked_by),
                 "best_eval": trainer.best_eval, "member": self.index, "stop_reason": result.stop_reason, "done": done}
 
     def _score(self, rows: list[dict[str, Any]] | None = None) -> float:

@@ -154,7 +154,8 @@ class PbtConfig:
                                          "0: a member at the bottom copies one at the top whenever it ranks there (Ray "
                                          "Tune's PBT); above 0: only where the other's score is higher by more than this "
                                          "many standard errors of the difference (from each latest evaluation's spread "
-                                         "over eval.episodes), so that evaluation noise alone replaces no member, at the "
+                                         "over eval.episodes, or the training window's over target_window episodes), "
+                                         "so that noise alone replaces no member, at the "
                                          "cost of fewer copies, and so fewer explored values")
     resample_probability: Fraction = key(0.25,
                                           "chance that an explored key is drawn anew from its range rather than "

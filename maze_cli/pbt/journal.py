@@ -40,13 +40,16 @@ def score_of(rows: list[dict[str, Any]], by: str = "eval") -> float | None:
     return None if row is None else float(row[key])
 
 
-def score_error(rows: list[dict[str, Any]], episodes: int, by: str = "eval") -> float:
-    """The standard error of `score_of(rows, by)` where it is an evaluation's mean over `episodes` (its
-    spread is in the row); 0 for training returns, whose spread is not kept."""
+def score_error(rows: list[dict[str, Any]], episodes: int, window: int, by: str = "eval") -> float:
+    """The standard error of `score_of(rows, by)`: an evaluation's spread over its `episodes`, or the
+    training window's over its `window` episodes; 0 for training returns before the window is full,
+    whose spread is not kept."""
     row, key = _ranked_row(rows, by)
-    if key != "eval/return_mean":
+    spread, count = {"eval/return_mean": ("eval/return_std", episodes),
+                     "train/return_window_mean": ("train/return_window_std", window)}.get(key, (None, 1))
+    if spread is None:
         return 0.0
-    return float(row.get("eval/return_std") or 0.0) / max(1, episodes) ** 0.5
+    return float(row.get(spread) or 0.0) / max(1, count) ** 0.5
 
 
 COPY_ORDER = "copy.json"  # in a member's dir: the checkpoint it copies and the values it explores, before its next interval
