@@ -106,7 +106,7 @@ def _tuner(cfg: DictConfig, settings: Settings, values: dict[int, dict[str, floa
                      **{m.key: tune.sample_from(partial(_value_of, values, m.key)) for m in mutations}},
         tune_config=tune.TuneConfig(scheduler=_scheduler(pbt, mutations, run_dir, settings.train.seed), reuse_actors=True),
         run_config=tune.RunConfig(name="tune", storage_path=str(run_dir.resolve()), verbose=0,
-                                  callbacks=[_member_lines(mutations)], log_to_file=False,
+                                  log_to_file=False,
                                   failure_config=tune.FailureConfig(max_failures=MEMBER_RESTARTS)),
     )
 
@@ -253,9 +253,22 @@ def _recorded(scheduler: type) -> type:
             member whenever another is pending, so that one exploit would stop and rebuild them all)."""
             self._errors[trial] = result.get("score_error", 0.0)
             decision = super().on_trial_result(tune_controller, trial, result)
+            _say_result(trial, result, self._mutations)
             if decision == TrialScheduler.PAUSE and not self._synch and trial.status != Trial.PAUSED:
                 return TrialScheduler.CONTINUE
             return decision
+
+        def on_trial_error(self, tune_controller, trial):
+            """Says that a member failed, and whether Tune starts it again from its last checkpoint. (Said
+            here, not by a Tune callback: any callback makes Tune import every tracker it integrates,
+            MLflow and W&B among them, to count them, seconds of the driver's start.)"""
+            super().on_trial_error(tune_controller, trial)
+            index, run_dir = trial.config["index"], trial.config["run_dir"]
+            if trial.should_recover():
+                log.warning(f"member {index} failed; started again from its last checkpoint (Ray Tune's error.txt under "
+                            f"{run_dir}/tune says why)")
+            else:
+                log.warning(f"member {index} failed: see {run_dir}/member_{index}/train.log")
 
         def _quantiles(self):
             """Tune's quantiles, except that a member whose latest copy is under two intervals old is
@@ -329,27 +342,12 @@ def _recorded(scheduler: type) -> type:
     return Recorded
 
 
-def _member_lines(mutations: list[Mutation]):
-    """A Tune callback that shows one console line per member per interval (Tune's own reporter is off)."""
-    from ray import tune
-
-    class MemberLines(tune.Callback):
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            values = ", ".join(f"{m.name}={trial.config[m.key]:.4g}" for m in mutations)
-            score = result.get("score")
-            shown = "n/a" if score is None or math.isnan(score) else f"{score:.2f}"
-            log.info(f"member {trial.config['index']}: {result['env_steps']:>10,} env steps, score {shown}, {values}")
-
-        def on_trial_recover(self, iteration, trials, trial, **info):
-            index = trial.config["index"]
-            log.warning(f"member {index} failed; started again from its last checkpoint (Ray Tune's error.txt under "
-                        f"{trial.config['run_dir']}/tune says why)")
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            index = trial.config["index"]
-            log.warning(f"member {index} failed: see {trial.config['run_dir']}/member_{index}/train.log")
-
-    return MemberLines()
+def _say_result(trial: Any, result: dict, mutations: dict[str, Mutation]) -> None:
+    """One console line per member per interval (Tune's own reporter is off)."""
+    values = ", ".join(f"{m.name}={trial.config[m.key]:.4g}" for m in mutations.values())
+    score = result.get("score")
+    shown = "n/a" if score is None or math.isnan(score) else f"{score:.2f}"
+    log.info(f"member {trial.config['index']}: {result['env_steps']:>10,} env steps, score {shown}, {values}")
 
 
 def _summary(run_dir: Path, results: Any, start: dict[str, float], started: float) -> dict:
