@@ -160,13 +160,13 @@ class PbtConfig:
     resample_probability: Fraction = key(0.25,
                                           "chance that an explored key is drawn anew from its range rather than "
                                           "moved one step, an eighth of its range (of its logarithm on a log scale)")
-    score: Annotated[str, OneOf("eval", "train")] = key("eval",
-                                                       "what members are ranked by: eval, each one's latest "
-                                                       "evaluation (at each interval); train, the mean return of "
-                                                       "its last training episodes, so that a decision needs no "
-                                                       "evaluation and a member evaluates on its run's own cadence "
-                                                       "(cheaper; sampled actions' returns, which an explored "
-                                                       "entropy coefficient moves)")
+    score: Annotated[str, OneOf("train", "eval")] = key("train",
+                                                       "what members are ranked by: train, the mean return of its "
+                                                       "last training episodes, so that a decision needs no "
+                                                       "evaluation and a member evaluates on its run's own cadence; "
+                                                       "eval, each one's latest evaluation, one at each interval "
+                                                       "(greedy returns, which an explored entropy coefficient does "
+                                                       "not move, at the cost of an evaluation per interval)")
     scheduler: Annotated[str, OneOf("pbt", "pb2")] = key("pbt",
                                                           "pbt: Ray Tune's PopulationBasedTraining; pb2: its PB2, "
                                                           "which explores with a Gaussian-process bandit (needs "
