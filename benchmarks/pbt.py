@@ -64,6 +64,14 @@ def evaluations(run_dir: Path) -> tuple[list[list[float]], int]:
     return runs, steps
 
 
+def fresh(run_dir: Path) -> str:
+    """`hydra.run.dir=<run_dir>`, a dir no earlier run wrote: a run started in one appends its rows to the
+    earlier run's stats.jsonl, and the figures read from it would mix the two."""
+    if run_dir.exists():
+        raise SystemExit(f"{run_dir} exists, from an earlier benchmark: give --runs-dir a new folder (or leave it out)")
+    return f"hydra.run.dir={run_dir}"
+
+
 def judged(run_dirs: list[Path]) -> dict:
     """Both rules over runs taken together: the best evaluation any reached, the best last evaluation."""
     runs, steps = [], 0
@@ -90,7 +98,7 @@ def run(task: str, seeds: list[int], single: bool, results: Path, runs_dir: Path
         jobs = ([(f"seed={seed}", runs_dir / f"{name}-seed{seed}")] if not single or independent == 1 else
                 [(f"seed={seed * 100 + i}", runs_dir / f"{name}-seed{seed}-{i}") for i in range(independent)])
         start = time.perf_counter()
-        procs = [subprocess.Popen([str(TRAIN), *command, *([] if single else population), seeded, f"hydra.run.dir={run_dir}"],
+        procs = [subprocess.Popen([str(TRAIN), *command, *([] if single else population), seeded, fresh(run_dir)],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
                  for seeded, run_dir in jobs]
         for proc, (seeded, _) in zip(procs, jobs):
@@ -123,12 +131,12 @@ def cost(seeds: list[int], results: Path, runs_dir: Path, budget: int, packaged_
         common = [TASK[0], *start_lr, f"max_env_steps={budget}", "target_return=null", *overrides, f"seed={seed}"]
         start = time.perf_counter()
         population = runs_dir / f"cost-pbt-seed{seed}"
-        subprocess.run([str(TRAIN), *common, *POPULATION, f"hydra.run.dir={population}"], check=True, capture_output=True,
+        subprocess.run([str(TRAIN), *common, *POPULATION, fresh(population)], check=True, capture_output=True,
                        env=env, stdin=subprocess.DEVNULL)
         pbt_s = time.perf_counter() - start
         pbt_steps = evaluations(population)[1]
         start = time.perf_counter()
-        procs = [subprocess.Popen([str(TRAIN), *common[:-1], f"seed={seed * 100 + i}", f"hydra.run.dir={runs_dir / f'cost-side-seed{seed}-{i}'}"],
+        procs = [subprocess.Popen([str(TRAIN), *common[:-1], f"seed={seed * 100 + i}", fresh(runs_dir / f"cost-side-seed{seed}-{i}")],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, stdin=subprocess.DEVNULL)
                  for i in range(4)]
         if any(proc.wait() for proc in procs):
