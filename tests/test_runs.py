@@ -162,6 +162,21 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
     assert extended.returncode == 0 and read_stats(run_dir)[-1]["env_steps"] >= 6000
 
 
+def test_a_new_run_in_the_dir_of_another_is_refused_and_the_other_is_kept(tmp_path):
+    """The same hydra.run.dir twice without resume=: the second command stops before writing, names the
+    dir, what it holds and both ways on; the first run's files are as they were (its rows would otherwise
+    be followed by the second's, its checkpoints replaced)."""
+    run_dir = tmp_path / "run"
+    assert run_train("+env=cartpole", "runner=sequential", "max_env_steps=2048", "eval.interval=0", run_dir=run_dir).returncode == 0
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "train.log"}
+    again = run_train("+env=cartpole", "runner=sequential", "max_env_steps=2048", "seed=2", run_dir=run_dir)
+    assert again.returncode == 2
+    message = again.stderr.strip().splitlines()[-1]
+    assert f"{run_dir} holds a run already (stats.jsonl, checkpoints/last.pt" in message
+    assert f"resume={run_dir}" in message and "hydra.run.dir" in message and "Traceback" not in again.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "train.log"} == before
+
+
 def test_a_corrupt_last_checkpoint_gives_way_to_the_newest_intact_one_at_resume(tmp_path):
     """last.pt cut short (a crash or a full disk while it was written): the resume says so in one line
     and goes on from previous.pt, the last.pt before it, rewinding the rows written after it; with no
@@ -225,9 +240,10 @@ def test_a_checkpoint_written_while_being_killed_is_never_truncated(tmp_path):
     last = run_dir / "checkpoints" / "last.pt"
     for delay in (0.0, 0.35, 0.7):  # after this process's first checkpoint, so the kills land at several points of a write
         written_before = last.stat().st_mtime_ns if last.exists() else None
-        proc, tag = start_train("+env=cartpole", "runner=sequential", "checkpoint.interval=1", "epoch_length=1",
-                                "eval.interval=1", "eval.episodes=1", "target_return=null", "max_env_steps=10000000",
-                                "policy.hidden_sizes=[512,512]", run_dir=run_dir)
+        started = ("+env=cartpole", "runner=sequential", "checkpoint.interval=1", "epoch_length=1", "eval.interval=1",
+                   "eval.episodes=1", "target_return=null", "max_env_steps=10000000", "policy.hidden_sizes=[512,512]")
+        fresh = written_before is None  # then each kill's run goes on from it: a new run never writes into another's dir
+        proc, tag = start_train(*(started if fresh else (f"resume={run_dir}",)), run_dir=run_dir if fresh else None)
         assert wait_until(lambda: last.exists() and last.stat().st_mtime_ns != written_before, timeout=120), proc.poll()
         time.sleep(delay)
         proc.kill()

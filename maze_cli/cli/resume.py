@@ -30,6 +30,16 @@ RESUMABLE_KEYS = {"max_env_steps", "max_time_s", "target_return", "target_window
                   "device", "torch_threads", "learner", "resume", "trust_checkpoint", "callbacks", "sweep"}
 
 
+def refuse_a_used_run_dir(run_dir: Path) -> None:
+    """A new run never writes into the dir of another: its rows would follow the other's in stats.jsonl,
+    its checkpoints replace the other's. `resume=<run dir>` is how a run goes on in its own dir."""
+    held = [name for name in ("stats.jsonl", "pbt.jsonl") if (run_dir / name).is_file() and (run_dir / name).stat().st_size]
+    held += [f"checkpoints/{name}" for name in CHECKPOINTS if (run_dir / "checkpoints" / name).is_file()]
+    if held:
+        raise ConfigError(f"the run dir {run_dir} holds a run already ({', '.join(held)}): resume={run_dir} goes on with "
+                          f"it; for a new run, choose another hydra.run.dir (or remove that dir)")
+
+
 def resumed_config(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
     """The saved config of the run in `cfg.resume`, with this command's budget `overrides` on top."""
     run_dir = Path(cfg.resume)

@@ -60,6 +60,8 @@ def run_train(cfg: DictConfig) -> dict:
             return {"stop_reason": "finished", "env_steps": None, "time_s": 0.0,
                     "objective": objective(Path(settings.train.resume), settings.train)}
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if not settings.train.resume:
+        resume.refuse_a_used_run_dir(run_dir)
     if settings.train.pbt.population >= 2:
         from maze_cli.cli.population import run_population
 
@@ -160,6 +162,14 @@ def _rewritten_argv(args: list[str]) -> list[str]:
     return args
 
 
+def _refuse_a_named_run_dir_in_use(args: list[str]) -> None:
+    """`hydra.run.dir=<dir>` of another run, without resume=: refused before Hydra writes its record of the
+    command into it (the task refuses any other run dir in use, once Hydra has chosen it)."""
+    named = next((a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")), None)
+    if named and not any(a.startswith("resume=") for a in args) and not any(a in ("-m", "--multirun") for a in args):
+        resume.refuse_a_used_run_dir(Path(named))
+
+
 def _open_key_set(arg: str) -> str:
     """`env.<key>=<value>` (or `+env.<key>=...`) as Hydra's `++env.<key>=<value>`: an env config is the user's (their own YAML,
     any `_target_`'s arguments, any env's kwargs), so no env config can list every key that may be set on
@@ -179,6 +189,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.argv[1:] = _rewritten_argv(sys.argv[1:])
     try:
+        _refuse_a_named_run_dir_in_use(sys.argv[1:])
         _hydra_train()
         if STOPPED_BY_FULL_DISK:  # a sweep some of whose jobs a full disk stopped
             sys.exit(1)
