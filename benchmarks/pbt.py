@@ -65,8 +65,9 @@ def evaluations(run_dir: Path) -> tuple[list[list[float]], int]:
 
 
 def fresh(run_dir: Path) -> str:
-    """`hydra.run.dir=<run_dir>`, a dir no earlier run wrote: a run started in one appends its rows to the
-    earlier run's stats.jsonl, and the figures read from it would mix the two."""
+    """`hydra.run.dir=<run_dir>`, a dir that does not exist yet. `train` itself refuses a dir holding a run,
+    but only once the commands started beside it are running; an earlier benchmark's dir is refused here,
+    before any command starts, along with a dir an earlier command left without a row."""
     if run_dir.exists():
         raise SystemExit(f"{run_dir} exists, from an earlier benchmark: give --runs-dir a new folder (or leave it out)")
     return f"hydra.run.dir={run_dir}"
