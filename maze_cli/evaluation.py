@@ -12,10 +12,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -26,6 +27,17 @@ from maze_cli.envs.info_stats import EpisodeInfoStats, epoch_means, raise_error
 from maze_cli.envs.multiagent import run_team_episodes
 from maze_cli.envs.source import EnvSource, as_env_source
 from maze_cli.envs.spaces import ObservationWriter, action_to_env, observation_specs
+
+log = logging.getLogger(__name__)
+
+
+class Episodes(NamedTuple):
+    """What `run_episodes` played: each episode's return and length, and how many of them it cut short at
+    `max_steps` (an env with no time limit of its own, whose policy never ends an episode)."""
+
+    returns: list[float]
+    lengths: list[int]
+    cut_short: int = 0
 
 
 @contextlib.contextmanager
@@ -42,18 +54,20 @@ def eval_mode(policy: nn.Module) -> Iterator[nn.Module]:
 def run_episodes(
     env_factory: EnvSource | Callable[[], gym.Env], policy: nn.Module, seeds: list[int], deterministic: bool = True,
     device: str | torch.device = "cpu", on_frame: Callable[[int, gym.Env], None] | None = None,
-    episode_info: EpisodeInfoStats | None = None,
-) -> tuple[list[float], list[int]]:
+    episode_info: EpisodeInfoStats | None = None, max_steps: int | None = None,
+) -> Episodes:
     """One episode per seed, all envs stepped together with one batched forward pass per step.
 
-    Returns each episode's return and length. `on_frame(i, env)` is called after each step of
-    episode i (for rendering). `episode_info` (one column per seed) follows the env statistics.
-    A multi-agent env plays all its agents; its returns are then the agents' (`run_team_episodes`).
+    `on_frame(i, env)` is called after each step of episode i (for rendering). `episode_info` (one
+    column per seed) follows the env statistics. An episode the env has not ended after `max_steps`
+    steps ends there, its return as it stood: an env without a time limit, whose policy's most likely
+    action loops, would otherwise never let the evaluation end. A multi-agent env plays all its agents;
+    its returns are then the agents' (`run_team_episodes`).
     """
     source = as_env_source(env_factory)
     if source.agents:
-        return run_team_episodes(source.parallel_env, len(source.agents), policy, seeds, deterministic, device, episode_info,
-                                 f"env._target_={source.describe()}", on_frame)
+        return Episodes(*run_team_episodes(source.parallel_env, len(source.agents), policy, seeds, deterministic, device,
+                                           episode_info, f"env._target_={source.describe()}", on_frame, max_steps))
     envs = [source() for _ in seeds]
     try:
         writer = ObservationWriter(envs[0].observation_space)
@@ -63,6 +77,7 @@ def run_episodes(
         returns = np.zeros(len(envs))
         lengths = np.zeros(len(envs), dtype=np.int64)
         running = np.ones(len(envs), dtype=bool)
+        cut_short = 0
         state = tuple(s.to(device) for s in policy.initial_state(len(envs)))
         starts = torch.ones(len(envs), dtype=torch.bool, device=device)
         no_starts = torch.zeros_like(starts)  # each env plays one episode: only its first step starts one
@@ -80,11 +95,12 @@ def run_episodes(
                 writer.write_one(o, i, obs)
                 if on_frame is not None:
                     on_frame(i, envs[i])
-                if terminated or truncated:
-                    running[i] = False
+                if not ended[i] and max_steps is not None and lengths[i] >= max_steps:
+                    ended[i], cut_short = True, cut_short + 1
+                running[i] = not ended[i]
             if episode_info is not None:
                 episode_info.observe(infos, ended)
-        return returns.tolist(), lengths.tolist()
+        return Episodes(returns.tolist(), lengths.tolist(), cut_short)
     finally:
         for env in envs:
             env.close()
@@ -108,24 +124,30 @@ def seeded_sampling(deterministic: bool, seed: int, device: str | torch.device =
 
 class Evaluator:
     """`episodes` episodes with seeds derived once from `seed`, the policy acting as `deterministic`
-    says (sampled actions seeded by the first episode seed)."""
+    says (sampled actions seeded by the first episode seed), each at most `max_episode_steps` long."""
 
     def __init__(self, env_factory: EnvSource | Callable[[], gym.Env], episodes: int, seeds: list[int], device: str = "cpu",
-                 deterministic: bool = True):
+                 deterministic: bool = True, max_episode_steps: int | None = None):
         self.env_factory = as_env_source(env_factory)
         self.seeds = seeds[:episodes]
         self.device = device
         self.deterministic = deterministic
+        self.max_episode_steps = max_episode_steps
         self.info_stats = dict(self.env_factory.info_stats)
+        self._said_cut_short = False
 
     def __call__(self, policy: nn.Module) -> dict[str, float]:
         if self.env_factory.turn_based:
             return self._against_opponents(policy)
         episode_info = EpisodeInfoStats(self.info_stats, len(self.seeds))
         with eval_mode(policy), seeded_sampling(self.deterministic, self.seeds[0], self.device):
-            returns, lengths = run_episodes(self.env_factory, policy, self.seeds, self.deterministic, self.device,
-                                            episode_info=episode_info)
+            returns, lengths, cut_short = run_episodes(self.env_factory, policy, self.seeds, self.deterministic, self.device,
+                                                       episode_info=episode_info, max_steps=self.max_episode_steps)
         raise_error(episode_info.error)
+        if cut_short and not self._said_cut_short:
+            self._said_cut_short = True
+            sampled_key = "eval.deterministic" if self.deterministic else None
+            log.warning(f"evaluation: {cut_short_message(cut_short, len(self.seeds), self.max_episode_steps, 'eval.max_episode_steps', sampled_key)}")
         mean = sum(returns) / len(returns)
         return {
             "eval/return_mean": mean,
@@ -146,6 +168,15 @@ class Evaluator:
                 returns.append(result.pop("return"))
                 stats.update({f"eval/{rate}/{opponent}": value for rate, value in result.items()})
         return {"eval/return_mean": sum(returns) / len(returns), **stats}
+
+
+def cut_short_message(cut_short: int, episodes: int, max_steps: int | None, steps_key: str, sampled_key: str | None) -> str:
+    """Episodes the env did not end were cut at the step limit: how many, and what to do (said once a run,
+    and by `rollout`). `sampled_key`, where the policy took its most likely actions: the key that samples them."""
+    loops = f"; a policy whose most likely action loops is judged by its samples with {sampled_key}=false" if sampled_key else ""
+    return (f"{cut_short} of {episodes} episodes had not ended after {steps_key}={max_steps:,} steps and were cut short "
+            f"there, their returns as they stood (the env has no time limit of its own, or a longer one{loops}; "
+            f"env.max_episode_steps=<n> gives the env one, in training too)")
 
 
 @dataclass

@@ -49,14 +49,16 @@ def _takes_render_mode(target: str | None) -> bool:
     return names is None or "render_mode" in names
 
 
-def record_episode(env_factory: Callable, policy: nn.Module, seed: int, deterministic: bool = True, device: str = "cpu") -> list[np.ndarray]:
-    """The frames of one episode on env seed `seed` (one per step, rendered after each); sampled
-    actions are seeded by `seed` too."""
+def record_episode(env_factory: Callable, policy: nn.Module, seed: int, deterministic: bool = True, device: str = "cpu",
+                   max_steps: int | None = None) -> list[np.ndarray]:
+    """The frames of one episode on env seed `seed` (one per step, rendered after each, at most
+    `max_steps`); sampled actions are seeded by `seed` too."""
     from maze_cli.evaluation import eval_mode, run_episodes, seeded_sampling
 
     frames: list[np.ndarray] = []
     with eval_mode(policy), seeded_sampling(deterministic, seed, device):
-        run_episodes(env_factory, policy, [seed], deterministic, device, on_frame=lambda i, env: frames.append(env.render()))
+        run_episodes(env_factory, policy, [seed], deterministic, device, on_frame=lambda i, env: frames.append(env.render()),
+                     max_steps=max_steps)
     if not frames or frames[0] is None:
         raise ValueError("render() returned no rgb_array frame")
     return [np.asarray(f, dtype=np.uint8) for f in frames]
@@ -112,9 +114,10 @@ class EvalVideos:
     An env that cannot render costs one line in the log; the run goes on without videos."""
 
     def __init__(self, env_factory: Callable, seed: int, directory: Path, interval: int, device: str = "cpu",
-                 on_video: Callable[[list[np.ndarray], int], None] | None = None, deterministic: bool = True):
+                 on_video: Callable[[list[np.ndarray], int], None] | None = None, deterministic: bool = True,
+                 max_steps: int | None = None):
         self.env_factory, self.seed, self.directory, self.interval, self.device = env_factory, seed, directory, interval, device
-        self.deterministic = deterministic
+        self.deterministic, self.max_steps = deterministic, max_steps
         self.on_video = on_video
         self.evaluations = 0
         self.enabled = True
@@ -124,7 +127,7 @@ class EvalVideos:
         if not self.enabled or (self.evaluations - 1) % self.interval:
             return None
         try:
-            frames = record_episode(self.env_factory, policy, self.seed, self.deterministic, self.device)
+            frames = record_episode(self.env_factory, policy, self.seed, self.deterministic, self.device, self.max_steps)
         except Exception as err:  # noqa: BLE001 - no renderer, no rgb_array mode: any of them
             log.warning(f"eval.video=true: the env cannot render rgb_array frames ({type(err).__name__}: {first_line(err)}); "
                         f"no videos, training goes on")

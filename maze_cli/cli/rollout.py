@@ -25,6 +25,9 @@ class RolloutConfig:
     deterministic: Optional[bool] = key(None,
                                          "true: the most likely action; false: sampled; null: as the run's "
                                          "evaluation")
+    max_episode_steps: Optional[PositiveInt] = key(None,
+                                                    "steps after which an episode the env has not ended is cut "
+                                                    "short; null: as the run's evaluation (eval.max_episode_steps)")
     video: bool = key(False, "record the first episode: MP4 (or GIF without the video extra)")
     video_path: Optional[str] = key(None, "default: videos/rollout.mp4 in the checkpoint's run dir")
     allow: List[str] = field(default_factory=list)  # classes (import paths) the checkpoint may build besides maze_cli's own
@@ -43,6 +46,8 @@ Keys:
   seed=0                   derives the episodes' env seeds
   deterministic=null       null: as the run's evaluation acted (eval.deterministic, by default the most
                            likely action); true: the most likely; false: sampled
+  max_episode_steps=null   an episode the env has not ended after this many steps is cut short; null: as
+                           the run's evaluation (eval.max_episode_steps, 27,000 by default)
   video=false              record the first episode (MP4 with pip install 'maze_cli[video]', else GIF)
   video_path=...           where; default videos/rollout.mp4 in the checkpoint's run dir
   allow=[my_pkg.MyNet]     classes of your own the checkpoint may build (policy network, env, env wrapper)
@@ -70,7 +75,7 @@ def _parse(argv: list[str]) -> RolloutConfig:
 def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     from maze_cli.disk import DiskFull, check_writable_dir
     from maze_cli.envs.factory import EnvFactory
-    from maze_cli.evaluation import run_episodes, seeded_sampling
+    from maze_cli.evaluation import cut_short_message, run_episodes, seeded_sampling
     from maze_cli.export.play import load_model_played
     from maze_cli.playing import load_played
     from maze_cli.seeding import derive_seeds
@@ -87,24 +92,28 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
     if cfg.video:  # before the episodes run: a place that cannot be written fails at once
         check_writable_dir(video_path.parent, f"video_path={video_path}", "choose another with video_path=<file>")
     seeds = derive_seeds(cfg.seed, "rollout_env", cfg.episodes)
-    run_setting = (run_config.get("eval") or {}).get("deterministic", True)  # what the run's evaluation did
-    deterministic = bool(run_setting if cfg.deterministic is None else cfg.deterministic)
+    run_eval = {**_evaluation_defaults(), **(run_config.get("eval") or {})}  # what the run's evaluation did
+    deterministic = bool(run_eval["deterministic"] if cfg.deterministic is None else cfg.deterministic)
+    max_steps = run_eval["max_episode_steps"] if cfg.max_episode_steps is None else cfg.max_episode_steps
     if env_factory.turn_based:
         result = _against_opponents(env_factory, policy, seeds, deterministic)
     else:
         with seeded_sampling(deterministic, seeds[0]):
-            returns, lengths = run_episodes(env_factory, policy, seeds, deterministic)
+            returns, lengths, cut_short = run_episodes(env_factory, policy, seeds, deterministic, max_steps=max_steps)
         mean = sum(returns) / len(returns)
         std = math.sqrt(sum((r - mean) ** 2 for r in returns) / len(returns))
         print(f"{cfg.episodes} episodes: return {mean:.2f} +- {std:.2f} (min {min(returns):.2f}, max {max(returns):.2f}), "
               f"episode length {sum(lengths) / len(lengths):.1f}")
+        if cut_short:
+            print(cut_short_message(cut_short, cfg.episodes, max_steps, "max_episode_steps", "deterministic" if deterministic else None))
         result = {"return_mean": mean, "return_std": std}
     print(f"actions: {'the most likely' if deterministic else 'sampled'}")
     if cfg.video:
         from maze_cli.video import record_episode, render_env_config, write_video
 
         try:
-            frames = record_episode(EnvFactory.for_policy(render_env_config(env_config), policy_config), policy, seeds[0], deterministic)
+            frames = record_episode(EnvFactory.for_policy(render_env_config(env_config), policy_config), policy, seeds[0], deterministic,
+                                    max_steps=max_steps)
         except Exception as err:  # most often a missing renderer (pygame): say so in one line
             raise ConfigError(f"video=true: the env cannot render rgb_array frames ({type(err).__name__}: {first_line(err)})") from None
         try:
@@ -114,6 +123,14 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, float]:
                                      f"video_path=<file>") from None
         print(f"wrote {out} ({len(frames)} frames)")
     return result
+
+
+def _evaluation_defaults() -> dict:
+    """`train`'s evaluation settings as they default: what a model or a run that names none played with."""
+    from maze_cli.config.schema import EvalConfig
+
+    defaults = EvalConfig()
+    return {"deterministic": defaults.deterministic, "max_episode_steps": defaults.max_episode_steps}
 
 
 def _against_opponents(env_factory, policy, seeds: list[int], deterministic: bool) -> dict[str, float]:

@@ -234,7 +234,7 @@ def _trainer(settings: Settings, run: Run, env_factory: EnvFactory, files: list[
     the policy on the eval seeds on `eval`'s schedule (recording `videos` when on)."""
     t = settings.train
     evaluator = Evaluator(env_factory, t.eval.episodes, derive_seeds(t.seed, "eval_env", t.eval.episodes), t.device,
-                          t.eval.deterministic)
+                          t.eval.deterministic, t.eval.max_episode_steps)
     budget = Budget(t.max_env_steps, t.max_time_s, t.target_return, t.target_window, run.epoch_length)
 
     def evaluate_weights(policy: torch.nn.Module, epoch: int, env_steps: int) -> dict:
@@ -287,7 +287,7 @@ def _eval_videos(settings: Settings, run_dir: Path, tensorboard: TensorBoardWrit
     render_factory = EnvFactory.for_policy(render_env_config(settings.env), OmegaConf.to_container(settings.policy))
     return EvalVideos(render_factory, derive_seeds(t.seed, "eval_env", t.eval.episodes)[0], run_dir / "videos", t.eval.video_interval,
                       t.device, on_video=lambda frames, step: tensorboard.add_video("eval/video", frames, step),
-                      deterministic=t.eval.deterministic)
+                      deterministic=t.eval.deterministic, max_steps=t.eval.max_episode_steps)
 
 
 def _run_to_the_end(run: Run, trainer: Trainer, checkpointer: Checkpointer, files: list[StatsWriter], trackers: list[StatsWriter],

@@ -43,6 +43,12 @@ class EvalConfig:
                                                "seconds of training between evaluations, likewise (with the above: "
                                                "whichever comes first)")
     episodes: PositiveInt = key(10, "episodes per evaluation, the same env seeds every time")
+    max_episode_steps: Optional[PositiveInt] = key(27_000,
+                                                    "steps after which an evaluation episode the env has not ended "
+                                                    "is cut short, its return as it stood (said once in the log): an "
+                                                    "env without a time limit whose policy loops would never end "
+                                                    "its evaluation; as long as Atari's limit (108,000 frames); null: "
+                                                    "no cut")
     deterministic: bool = key(True,
                                "true: the policy's most likely action; false: sampled (seeded, so the same weights "
                                "play the same episodes): for a policy whose most likely action can loop (MiniGrid: "

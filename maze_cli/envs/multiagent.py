@@ -186,11 +186,11 @@ class MultiAgentBatch:
             if not alive.any():
                 ended = np.flatnonzero(terminated[base:base + self.n_agents] | truncated[base:base + self.n_agents])
                 if len(ended):  # reported once per env episode, on a row that ends with this step
-                    infos[base + int(ended[0])] = self._team_info(e)
+                    infos[base + int(ended[0])] = self.team_info(e)
                 self._start(e, env.reset()[0])
         return BatchStep(list(self.observations), rewards, terminated, truncated, final, autoreset, infos)
 
-    def _team_info(self, e: int) -> dict[str, float]:
+    def team_info(self, e: int) -> dict[str, float]:
         """Env `e`'s episode as env statistics: the team's return, each agent's and each group's (the
         mean of its agents')."""
         returns = self.returns[e]
@@ -207,10 +207,12 @@ class MultiAgentBatch:
 
 def run_team_episodes(make_env: Callable[[], Any], n_agents: int, policy: torch.nn.Module, seeds: list[int], deterministic: bool,
                       device: str | torch.device, episode_info: Any, what: str,
-                      on_frame: Callable[[int, Any], None] | None = None) -> tuple[list[float], list[int]]:
+                      on_frame: Callable[[int, Any], None] | None = None,
+                      max_steps: int | None = None) -> tuple[list[float], list[int], int]:
     """One episode of a multi-agent env per seed, all agents acting with `policy` in one batched forward
     pass per step (evaluation and `rollout`). Returns each agent's episode return (the mean is comparable
-    with training's `train/episode_return`) and each episode's length; `episode_info` (one column per
+    with training's `train/episode_return`), each episode's length and how many episodes were cut short
+    at `max_steps` (as `maze_cli.evaluation.run_episodes` cuts them); `episode_info` (one column per
     seed) gets the team's statistics; `on_frame(i, env)` is called after each step of episode i but its
     last (whose env has already begun its next episode)."""
     batch = MultiAgentBatch(make_env, len(seeds) * n_agents, what)
@@ -224,6 +226,7 @@ def run_team_episodes(make_env: Callable[[], Any], n_agents: int, policy: torch.
         returns: list[float] = [0.0] * (len(seeds) * n_agents)
         lengths = np.zeros(len(seeds), dtype=np.int64)
         running = np.ones(len(seeds), dtype=bool)
+        cut_short = 0
         while running.any():
             with torch.no_grad():
                 actions, _, state = policy.act({k: v.to(device) for k, v in specs_obs.items()}, state, starts, deterministic=deterministic)
@@ -236,13 +239,16 @@ def run_team_episodes(make_env: Callable[[], Any], n_agents: int, policy: torch.
                 if running[e]:
                     running[e], ended[e], infos[e] = False, True, info
                     returns[e * n_agents:(e + 1) * n_agents] = [info[agent_return_key(a)] for a in batch.agents]
+            for e in np.flatnonzero(running & (lengths >= (max_steps or np.inf))):
+                running[e], ended[e], infos[e], cut_short = False, True, batch.team_info(e), cut_short + 1
+                returns[e * n_agents:(e + 1) * n_agents] = batch.returns[e].tolist()
             if episode_info is not None:
                 episode_info.observe(infos, ended)
             if on_frame is not None:
                 for e in np.flatnonzero(running):
                     on_frame(int(e), batch.envs[e])
             batch.write(step.observations, specs_obs)
-        return returns, lengths.tolist()
+        return returns, lengths.tolist(), cut_short
     finally:
         batch.close()
 
