@@ -5,8 +5,10 @@ import json
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
-from maze_cli.envs.spaces import observation_specs, space_from_dict, space_to_dict
+from maze_cli.envs import EnvFactory
+from maze_cli.envs.spaces import ObservationWriter, observation_specs, space_from_dict, space_to_dict
 from maze_cli.errors import UnsupportedSpaceError
 
 INF = np.inf
@@ -171,8 +173,32 @@ def test_unknown_description_is_refused():
 
 
 def test_an_unsupported_observation_space_is_named_by_where_it_is():
-    pair = gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(3)))
+    text = gym.spaces.Text(8)
     with pytest.raises(UnsupportedSpaceError, match="at the observation's top level is not supported"):
-        observation_specs(pair)
-    with pytest.raises(UnsupportedSpaceError, match="at key 'goal/pair' is not supported"):
-        observation_specs(gym.spaces.Dict({"goal": gym.spaces.Dict({"pair": pair})}))
+        observation_specs(text)
+    with pytest.raises(UnsupportedSpaceError, match="at key 'goal/name' is not supported"):
+        observation_specs(gym.spaces.Dict({"goal": gym.spaces.Dict({"name": text})}))
+
+
+class TupleInsideEnv(gym.Env):
+    """A Dict observation with a Tuple inside it, and that Tuple with another inside."""
+
+    observation_space = gym.spaces.Dict({"pos": gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "pair": gym.spaces.Tuple(
+        (gym.spaces.Discrete(3, start=1), gym.spaces.Tuple((gym.spaces.MultiBinary(2),))))})
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return {"pos": np.array([0.5, -0.5], np.float32), "pair": (2, (np.array([1, 0], np.int8),))}, {}
+
+    def step(self, action):
+        return self.reset()[0], 0.0, True, False, {}
+
+
+def test_a_tuple_anywhere_in_an_observation_becomes_a_dict_keyed_by_position():
+    env = EnvFactory({"_target_": "tests.test_space_serialization.TupleInsideEnv"})()
+    assert list(observation_specs(env.observation_space)) == ["pair/0", "pair/1/0", "pos"]  # the Dict's order, the Tuples' own
+    out = {key: torch.zeros((1,) + spec.shape, dtype=spec.dtype) for key, spec in observation_specs(env.observation_space).items()}
+    ObservationWriter(env.observation_space).write([env.reset(seed=0)[0]], out)
+    assert out["pair/0"].tolist() == [1] and out["pair/1/0"].tolist() == [[1.0, 0.0]]  # Discrete(3, start=1)'s 2 is index 1
+    assert out["pos"].tolist() == [[0.5, -0.5]]

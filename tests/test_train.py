@@ -111,6 +111,17 @@ def test_obs_keys_leave_out_a_key_no_network_reads(tmp_path):
     assert read_stats(tmp_path / "run")[-1]["train/return_mean"] == 7.0
 
 
+def test_a_tuple_observation_is_read_as_a_dict_and_learned(tmp_path):
+    """gymnasium's Blackjack observes a Tuple of three Discretes (hand, dealer's card, usable ace): each entry a
+    one-hot, as a Dict's entries are. Over these 500 hands random play returns -0.41, always sticking -0.20."""
+    run_dir = tmp_path / "run"
+    result = run_train("+env=gym", "env.id=Blackjack-v1", "runner=sequential", "max_env_steps=30000", "target_return=null",
+                       "eval.episodes=500", "seed=0", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "observations Dict(0: Discrete(32), 1: Discrete(11), 2: Discrete(2))" in result.stdout
+    assert read_stats(run_dir)[-1]["eval/return_mean"] > -0.15
+
+
 def test_max_time_s_stops_the_run(tmp_path):
     result = run_train("+env=cartpole", "runner=sequential", "max_time_s=2", "max_env_steps=100000000", "target_return=null",
                        "epoch_length=5",

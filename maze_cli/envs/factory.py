@@ -18,7 +18,7 @@ from maze_cli.envs.multiagent import AgentIdObservation, agent_spaces, as_parall
 from maze_cli.envs.policy_groups import PolicyGroupObservation, assign_groups
 from maze_cli.envs.registration import register
 from maze_cli.envs.source import EnvSource, VectorizedEnvTarget
-from maze_cli.envs.spaces import action_spec
+from maze_cli.envs.spaces import TupleAsDict, action_spec, has_tuple
 from maze_cli.envs.wrappers import apply_wrappers, wrapper_specs
 from maze_cli.errors import ConfigError, EnvConfigError, UnsupportedSpaceError, first_line
 
@@ -87,6 +87,8 @@ class EnvFactory(EnvSource):
                                  f"nor a PettingZoo env")
         if self.config.get("wrappers"):
             env = apply_wrappers(env, self.config["wrappers"])
+        if has_tuple(env.observation_space):
+            env = TupleAsDict(env)
         if self.config.get("obs_keys") is not None:
             env = self._filter_observation(env)
         if self.config.get("action_mask_key") == FROM_INFO:
@@ -272,7 +274,8 @@ class EnvFactory(EnvSource):
         vector = gym.make_vec(self.config["id"], num_envs=n_envs, vectorization_mode="vector_entry_point", **kwargs)
         single = gym.make(self.config["id"], **kwargs)
         try:
-            same = (vector.single_observation_space, vector.single_action_space) == (single.observation_space, single.action_space)
+            same = ((vector.single_observation_space, vector.single_action_space) == (single.observation_space, single.action_space)
+                    and not has_tuple(single.observation_space))  # the single envs' TupleAsDict then
         finally:
             single.close()
         if not same:

@@ -1,7 +1,8 @@
 """Map gymnasium spaces to tensors and back.
 
-Observations: Box, Discrete, and Dict of those (nested keys joined with '/'); a plain space is
-stored under the key 'obs'. Actions: Discrete, MultiDiscrete and Box.
+Observations: Box, Discrete, MultiBinary, and Dict of those (nested keys joined with '/'); a plain
+space is stored under the key 'obs', a Tuple becomes a Dict keyed by position (`TupleAsDict`).
+Actions: Discrete, MultiDiscrete and Box.
 """
 
 from __future__ import annotations
@@ -63,10 +64,47 @@ def observation_specs(space: gym.Space) -> dict[str, TensorSpec]:
         else:
             where = f"at key '{key}'" if isinstance(space, gym.spaces.Dict) else "at the observation's top level"
             raise UnsupportedSpaceError(
-                f"observation space {sub!r} {where} is not supported; use Box, Discrete, MultiBinary or a Dict of those "
-                f"(a Tuple can become a Dict with a wrapper of your own)"
+                f"observation space {sub!r} {where} is not supported; use Box, Discrete, MultiBinary or a Dict or Tuple of those"
             )
     return specs
+
+
+def has_tuple(space: gym.Space) -> bool:
+    """Whether a Tuple is anywhere in the observation space (`TupleAsDict` turns it into a Dict)."""
+    if isinstance(space, gym.spaces.Tuple):
+        return True
+    return isinstance(space, gym.spaces.Dict) and any(has_tuple(sub) for sub in space.spaces.values())
+
+
+def _tuples_as_dicts(space: gym.Space) -> gym.Space:
+    """Pairs, not a mapping, keep the order (a mapping's keys would be sorted as text: "10" before "2")."""
+    if isinstance(space, gym.spaces.Tuple):
+        return gym.spaces.Dict([(str(i), _tuples_as_dicts(sub)) for i, sub in enumerate(space.spaces)])
+    if isinstance(space, gym.spaces.Dict):
+        return gym.spaces.Dict([(key, _tuples_as_dicts(sub)) for key, sub in space.spaces.items()])
+    return space
+
+
+def _tuple_observation_as_dict(space: gym.Space, observation: Any) -> Any:
+    if isinstance(space, gym.spaces.Tuple):
+        return {str(i): _tuple_observation_as_dict(sub, o) for i, (sub, o) in enumerate(zip(space.spaces, observation))}
+    if isinstance(space, gym.spaces.Dict):
+        return {key: _tuple_observation_as_dict(sub, observation[key]) for key, sub in space.spaces.items()}
+    return observation
+
+
+class TupleAsDict(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
+    """A Tuple observation (at any depth) as a Dict keyed "0", "1", ...: the form the policy's encoders and
+    the actors' buffers read, each entry encoded as its space says (gymnasium's Blackjack observes
+    Tuple(Discrete(32), Discrete(11), Discrete(2)): three one-hots, not three numbers)."""
+
+    def __init__(self, env: gym.Env):
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.ObservationWrapper.__init__(self, env)
+        self.observation_space = _tuples_as_dicts(env.observation_space)
+
+    def observation(self, observation: Any) -> Any:
+        return _tuple_observation_as_dict(self.env.observation_space, observation)
 
 
 def describe_space(space: gym.Space) -> str:
