@@ -121,6 +121,32 @@ def test_a_pixel_task_is_learned_with_policy_cnn(tmp_path, layout, dtype):
     assert read_stats(run_dir)[-1]["eval/return_mean"] >= 7.5  # random play scores 4 of 8
 
 
+def test_frames_of_a_screen_get_the_cnn_where_the_policy_was_left_at_its_default(tmp_path):
+    """policy=cnn is chosen for 32x32 frames, keeping the policy keys the run set; 12x12 images (a grid, as MiniGrid's
+    view) and a run that names policy=mlp keep the MLP, told that conv encoders fit images."""
+    config_dir = tmp_path / "configs"
+    (config_dir / "env").mkdir(parents=True)
+    (config_dir / "env" / "screen.yaml").write_text("_target_: tests.envs.ImageEnv\nsize: 32\n")
+    (config_dir / "env" / "grid.yaml").write_text("_target_: tests.envs.ImageEnv\nsize: 12\n")
+    short = ["--config-dir", str(config_dir), "runner=sequential", "max_env_steps=500", "epoch_length=1", "eval.episodes=1",
+             "policy.hidden_sizes=[16]"]
+
+    def policy_of(run: str, *args: str) -> tuple[dict, str]:
+        result = run_train(*short, *args, run_dir=tmp_path / run)
+        assert result.returncode == 0, result.stderr[-2000:]
+        config = yaml.safe_load((tmp_path / run / "config.yaml").read_text())
+        assert torch.load(tmp_path / run / "checkpoints" / "last.pt", weights_only=False)["config"]["policy"] == config["policy"]
+        return config["policy"], result.stdout
+
+    policy, out = policy_of("screen", "+env=screen")
+    assert "policy: cnn, chosen for this env: its observations hold images of a screen, (32, 32, 3)" in out
+    assert policy["_target_"] == "maze_cli.policies.cnn.CnnNetwork" and policy["hidden_sizes"] == [16]
+    for run, args in (("grid", ["+env=grid"]), ("named", ["+env=screen", "policy=mlp"])):
+        policy, out = policy_of(run, *args)
+        assert policy["_target_"] == "maze_cli.policies.mlp.MlpNetwork", run
+        assert "policy=mlp flattens them; policy=cnn is made for images" in out and "chosen for this env: its obs" not in out
+
+
 def test_sac_learns_the_pixel_task_with_its_shared_encoder(tmp_path):
     run_dir = tmp_path / "run"
     result = run_train("--config-dir", pixel_env_config(tmp_path), "+env=pixels", "algorithm=sac", "runner=sequential", "policy=cnn",

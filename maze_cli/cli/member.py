@@ -17,7 +17,7 @@ from ray import tune
 from maze_cli.checkpoint import load_checkpoint, save_checkpoint
 from maze_cli.cli.build import trusted_targets
 from maze_cli.cli.resume import CHECKPOINTS, read_last_checkpoint
-from maze_cli.cli.session import open_run, prepare_this_process
+from maze_cli.cli.session import choose_policy_for_images, open_run, prepare_this_process
 from maze_cli.cli.settings import register_configs, validate
 from maze_cli.errors import MazeCliError
 from maze_cli.pbt.journal import member_dir, score_error, score_of, take_copy_order
@@ -58,6 +58,7 @@ class Member(tune.Trainable):
         settings = validate(cfg, [])
         resumed_from = read_last_checkpoint(settings.train) if settings.train.resume else None
         env_factory, observation_space, action_space = prepare_this_process(settings)
+        choose_policy_for_images(cfg, settings, observation_space)
         as_dict = OmegaConf.to_container(cfg, resolve=True)
         self.trusted = trusted_targets(as_dict)
         self.opened = open_run(cfg, settings, as_dict, env_factory, observation_space, action_space, self.trusted, resumed_from,

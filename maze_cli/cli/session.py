@@ -28,7 +28,7 @@ from maze_cli.cli.learners import start_other_learners
 from maze_cli.cli.paths import RUN_DIR_FIX
 from maze_cli.cli.sweep import objective
 from maze_cli.config.schema import TrainConfig
-from maze_cli.cli.settings import Settings
+from maze_cli.cli.settings import MLP_TARGET, Settings, choose_cnn
 from maze_cli.disk import DiskFull, check_writable_dir, is_disk_full, quiet_full_disk_in_log_files
 from maze_cli.distributed import LearnerFailure, LearnerGroup
 from maze_cli.envs.factory import EnvFactory
@@ -56,6 +56,7 @@ def run_session(cfg: DictConfig, settings: Settings, run_dir: Path, resumed_from
     quiet_full_disk_in_log_files()
     _warm_up_actor_processes(settings)
     env_factory, observation_space, action_space = prepare_this_process(settings)
+    choose_policy_for_images(cfg, settings, observation_space)
     config = OmegaConf.to_container(cfg, resolve=True)
     trusted = trusted_targets(config)
     try:
@@ -98,20 +99,36 @@ def prepare_this_process(settings: Settings) -> tuple[EnvFactory, gym.Space, gym
     raise_terminated_on_sigterm()
     torch.set_num_threads(learner_threads(settings))
     env_factory, observation_space, action_space = check_env(settings)
-    _warn_images_with_mlp(settings, observation_space)
     seed_everything(derive_seed(t.seed, "learner"))
     return env_factory, observation_space, action_space
 
 
-def _warn_images_with_mlp(settings: Settings, observation_space: gym.Space) -> None:
-    """An image observation with policy=mlp trains, flattened, but slowly and poorly: say so once."""
-    if settings.policy.get("_target_") != "maze_cli.policies.mlp.MlpNetwork":
+SCREEN_SIDE = 32  # images at least this big a side are frames of a screen: policy=cnn where policy=mlp was the default
+
+
+def choose_policy_for_images(cfg: DictConfig, settings: Settings, observation_space: gym.Space) -> None:
+    """Observations that hold frames of a screen (images of `SCREEN_SIDE` pixels a side or more) get `policy=cnn`'s
+    network where the run took policy=mlp only as the default (`choose_cnn`), said in the log: an MLP flattens a
+    frame into tens of thousands of inputs. Small grids (MiniGrid's 7x7 view) stay with the MLP, which reads them
+    well. The MLP stays, with a warning that conv encoders fit images, where the run named policy=mlp, resumes or
+    warm-starts an MLP's weights, or is a population's member (whose config, as the population's driver composed
+    it, is not this process's to change)."""
+    if settings.policy.get("_target_") != MLP_TARGET:
         return
     named = isinstance(observation_space, gym.spaces.Dict)
-    images = [f"'{key}' {shape}" if named else str(shape) for key, shape in image_shapes(observation_space).items()]
-    if images:
-        log.warning(f"the observations hold images ({', '.join(images)}) and policy=mlp flattens them; "
-                    f"policy=cnn is made for images (conv encoders)")
+    shapes = image_shapes(observation_space)
+    images = ", ".join(f"'{key}' {shape}" if named else str(shape) for key, shape in shapes.items())
+    if not images:
+        return
+    overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else ["policy"]
+    t = settings.train
+    screens = [shape for shape in shapes.values() if sorted(shape)[-2] >= SCREEN_SIDE]
+    if not screens or any(o.split("=", 1)[0].lstrip("+~") == "policy" for o in overrides) or t.resume or t.init_from.path:
+        log.warning(f"the observations hold images ({images}) and policy=mlp flattens them; policy=cnn is made for images "
+                    f"(conv encoders)")
+        return
+    choose_cnn(cfg, settings)
+    log.info(f"policy: cnn, chosen for this env: its observations hold images of a screen, {images}; policy=mlp keeps the MLP")
 
 
 @dataclass

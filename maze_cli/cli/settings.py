@@ -11,7 +11,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
 from maze_cli.config.schema import OWN_KEYS, SCHEMAS, TrainConfig, TrainRootConfig
@@ -192,3 +192,20 @@ def _check_resources(resources: Any) -> None:
             raise ConfigError(f"runner.resources.{name}={amount}: expected a number")
         if amount < 0:
             raise ConfigError(f"runner.resources.{name}={amount}: must be >= 0")
+
+
+MLP_TARGET = "maze_cli.policies.mlp.MlpNetwork"
+
+
+def choose_cnn(cfg: DictConfig, settings: Settings) -> None:
+    """`policy=cnn`'s network in place of the default MLP, for observations that hold images: every policy key the
+    run set away from the MLP's defaults is kept (a core, its inputs, hidden sizes), and `cfg` and `settings` both
+    hold the result, so config.yaml and checkpoints say what ran."""
+    from maze_cli.config.schema import CnnPolicyConfig, MlpPolicyConfig
+
+    defaults = dataclasses.asdict(MlpPolicyConfig())
+    kept = {key: value for key, value in OmegaConf.to_container(settings.policy, resolve=True).items()
+            if key != "_target_" and value != defaults.get(key)}
+    settings.policy = validate_group("policy", OmegaConf.merge(OmegaConf.structured(CnnPolicyConfig), kept))
+    with open_dict(cfg):
+        cfg.policy = OmegaConf.create(OmegaConf.to_container(settings.policy))
