@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from maze_cli.stats.same_run import without_timings
 from tests.cli import run_train
@@ -108,6 +109,18 @@ def test_obs_keys_leave_out_a_key_no_network_reads(tmp_path):
                        "max_env_steps=2000", "epoch_length=1", run_dir=tmp_path / "run")
     assert result.returncode == 0, result.stderr
     assert "observations Dict(count: Box(1,) float32)" in result.stdout  # parity left out too, as asked
+    assert read_stats(tmp_path / "run")[-1]["train/return_mean"] == 7.0
+
+
+def test_a_key_no_network_reads_is_left_out_by_itself_and_config_yaml_says_so(tmp_path):
+    config_dir = tmp_path / "my_configs"
+    (config_dir / "env").mkdir(parents=True)
+    (config_dir / "env" / "mission.yaml").write_text("_target_: tests.envs.MissionEnv\nlength: 7\n")
+    result = run_train("--config-dir", str(config_dir), "+env=mission", "runner=sequential", "max_env_steps=2000", "epoch_length=1",
+                       run_dir=tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    assert "env.obs_keys=[count,parity], chosen for this env: no network reads 'mission' (Text)" in result.stdout
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["env"]["obs_keys"] == ["count", "parity"]
     assert read_stats(tmp_path / "run")[-1]["train/return_mean"] == 7.0
 
 

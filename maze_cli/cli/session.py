@@ -57,6 +57,10 @@ def run_session(cfg: DictConfig, settings: Settings, run_dir: Path, resumed_from
     _warm_up_actor_processes(settings)
     env_factory, observation_space, action_space = prepare_this_process(settings)
     choose_policy_for_images(cfg, settings, observation_space)
+    if env_factory.config.get("obs_keys") != settings.env.get("obs_keys"):  # chosen by what the env observes: config.yaml says so
+        settings.env["obs_keys"] = env_factory.config["obs_keys"]
+        with open_dict(cfg):
+            cfg.env.obs_keys = env_factory.config["obs_keys"]
     config = OmegaConf.to_container(cfg, resolve=True)
     trusted = trusted_targets(config)
     try:

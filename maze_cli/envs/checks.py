@@ -37,21 +37,43 @@ def _plain_warnings() -> None:
 _plain_warnings()
 
 
+def readable_keys(space: gym.Space) -> list[str] | None:
+    """The top-level keys of a Dict observation that a network reads (not text, graphs, ...); None for
+    any other space."""
+    if not isinstance(space, gym.spaces.Dict):
+        return None
+    readable = []
+    for key, sub in space.spaces.items():
+        try:
+            observation_specs(gym.spaces.Dict({key: sub}))
+            readable.append(key)
+        except UnsupportedSpaceError:
+            pass
+    return readable
+
+
+def keys_to_read(space: gym.Space) -> list[str] | None:
+    """The keys a network reads, where a Dict observation has others beside them (MiniGrid's text `mission`):
+    what `env.obs_keys` is set to where the config leaves it null, said in the log. None where every key
+    is read, or none is (`supported_observation` then names the fixes)."""
+    readable = readable_keys(space)
+    if not readable or len(readable) == len(space.spaces):
+        return None
+    unread = ", ".join(f"'{key}' ({type(sub).__name__})" for key, sub in space.spaces.items() if key not in readable)
+    logging.getLogger("maze_cli").info(f"env.obs_keys=[{','.join(readable)}], chosen for this env: no network reads {unread}; "
+                                       f"env.obs_keys=[...] names the keys yourself")
+    return readable
+
+
 def supported_observation(space: gym.Space) -> None:
     """A Dict observation with keys no network reads (text, graphs) names the `env.obs_keys` that
     leave them out, and the wrapper made for it where there is one."""
     try:
         observation_specs(space)
     except UnsupportedSpaceError as err:
-        if not isinstance(space, gym.spaces.Dict):
+        readable = readable_keys(space)
+        if readable is None:
             raise
-        readable = []
-        for key, sub in space.spaces.items():
-            try:
-                observation_specs(gym.spaces.Dict({key: sub}))
-                readable.append(key)
-            except UnsupportedSpaceError:
-                pass
         fixes = [f"env.wrappers=[{FIXING_WRAPPERS[key]}]" for key in space.spaces if key in FIXING_WRAPPERS]
         wrap = f"; wrap the env with the wrapper made for it: {fixes[0]}" if fixes else ""
         if not readable and not wrap:

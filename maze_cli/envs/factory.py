@@ -10,7 +10,7 @@ import gymnasium as gym
 
 from maze_cli.envs.action_mask import (FROM_INFO, InfoActionMask, LegalActionCheck, VectorLegalActionCheck, find_mask_key,
                                        gives_mask_in_info)
-from maze_cli.envs.checks import check_spaces, run_env_checker, supported_observation
+from maze_cli.envs.checks import check_spaces, keys_to_read, run_env_checker, supported_observation
 from maze_cli.envs.core_inputs import PreviousActionReward, adds_inputs
 from maze_cli.envs.info_stats import check_info_stats
 from maze_cli.envs.keys import ID_KEYS, OWN_KEYS, env_setting
@@ -312,22 +312,26 @@ class EnvFactory(EnvSource):
         return self
 
     def resolved(self) -> "EnvFactory":
-        """This factory, or one that moves the env's action mask from `info` into the observations, where
-        `env.action_mask_key` is null and a freshly built env's reset gives `info["action_mask"]` (a
-        multi-agent env is left as it is). Called once where a run or `rollout` starts, before `check`."""
-        if self.config.get("action_mask_key") is not None or self.agents is not None:
+        """This factory, or one that fills in what a freshly built env shows, where its config leaves it
+        null: the action mask moved from `info` into the observations where reset gives
+        `info["action_mask"]` (`env.action_mask_key`), and a Dict observation's keys that no network reads
+        (MiniGrid's text `mission`) left out (`env.obs_keys`, said in the log). A multi-agent env is left
+        as it is. Called once where a run or `rollout` starts, before `check`."""
+        if self.agents is not None or (self.config.get("action_mask_key") is not None and self.config.get("obs_keys") is not None):
             return self
         try:
             env = self()
         except Exception:  # noqa: BLE001 - `check` reports why the env cannot be built, in one line
             return self
         try:
-            found = gives_mask_in_info(env)
+            found = self.config.get("action_mask_key") is None and gives_mask_in_info(env)
         except Exception:  # noqa: BLE001 - likewise, for an env whose reset fails
             found = False
         finally:
             env.close()
-        return type(self)({**self.config, "action_mask_key": FROM_INFO}) if found else self
+        keys = None if self.config.get("obs_keys") is not None else keys_to_read(env.observation_space)
+        config = {**self.config, **({"action_mask_key": FROM_INFO} if found else {}), **({"obs_keys": keys} if keys else {})}
+        return type(self)(config) if config != self.config else self
 
     def action_mask_key(self, observation_space: gym.Space, action_space: gym.Space) -> str | None:
         """`env.action_mask_key`, checked against the spaces; null: `action_mask` where the observations have it."""
