@@ -124,10 +124,9 @@ def choose_policy_for_images(cfg: DictConfig, settings: Settings, observation_sp
     images = ", ".join(f"'{key}' {shape}" if named else str(shape) for key, shape in shapes.items())
     if not images:
         return
-    overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else ["policy"]
     t = settings.train
     screens = [shape for shape in shapes.values() if sorted(shape)[-2] >= SCREEN_SIDE]
-    if not screens or any(o.split("=", 1)[0].lstrip("+~") == "policy" for o in overrides) or t.resume or t.init_from.path:
+    if not screens or _named_on_command_line("policy") or t.resume or t.init_from.path:
         log.warning(f"the observations hold images ({images}) and policy=mlp flattens them; policy=cnn is made for images "
                     f"(conv encoders)")
         return
@@ -223,11 +222,18 @@ def _log_start(settings: Settings, run: Run, env_factory: EnvFactory, observatio
                  f"{', in the background' if trainer.background_eval is not None else ''}")
 
 
+def _named_on_command_line(group: str) -> bool:
+    """Whether this command chose `group` (`group=<option>`, `+group=...`). A process Hydra did not compose (a
+    population's member) counts as having chosen: its config is the one its driver composed, not its own to change."""
+    if not HydraConfig.initialized():
+        return True
+    return any(o.split("=", 1)[0].lstrip("+~") == group for o in HydraConfig.get().overrides.task)
+
+
 def _log_algorithm_choice(settings: Settings, run: Run) -> None:
     """Say where the algorithm came from (the command line, or the default for this env) and what it chose by
     what the env is: a run that names only its env tells what it got and how to change it."""
-    overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else ["algorithm"]
-    named = any(o.split("=", 1)[0].lstrip("+~") == "algorithm" for o in overrides)
+    named = _named_on_command_line("algorithm")
     chosen = ", ".join(f"algorithm.{key}={str(value).lower()}" for key, value in run.chosen.items())
     if not named:
         log.info(f"algorithm: {_short(settings.algorithm._target_)}, the default for this env (algorithm=impala|ppo|appo|sac|td3|dqn "
