@@ -63,6 +63,19 @@ def ray_actor_processes() -> list[str]:
     return sorted(_actor_processes() - _earlier_actors)
 
 
+def describe(pids: list[str]) -> str:
+    """Each process's pid, parent, state and command line: what a failed check of leftover actors shows."""
+    lines = []
+    for pid in pids:
+        try:
+            stat = (Path("/proc") / pid / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (Path("/proc") / pid / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            lines.append(f"pid {pid} ppid {stat[1]} state {stat[0]} started at tick {stat[19]}: {cmdline[:200]}")
+        except OSError:
+            lines.append(f"pid {pid}: gone")
+    return "; ".join(lines)
+
+
 def make_actors(cluster, env_fn=None, n_actors=2, **kwargs) -> RayDistributedActors:
     env_fn = env_fn or EnvFactory({"id": "CartPole-v1"})
     return RayDistributedActors(env_fn, make_policy(env_fn()), 16, n_actors, 2, address=cluster.address, envs_per_actor=2, **kwargs)
@@ -75,7 +88,7 @@ def test_actors_land_on_both_nodes_and_are_gone_after_stop(cluster):
         assert batch.actions.shape == (16, 4)
         actors.broadcast_updated_policy(actors.policy.state_dict())
     assert not ray.is_initialized()  # the driver left; the cluster itself stays up
-    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
+    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S), describe(ray_actor_processes())
 
 
 def test_a_killed_ray_actor_is_replaced_with_derived_seeds_and_collection_goes_on(cluster):
@@ -146,7 +159,7 @@ def test_ray_with_restarts_the_run_completes_its_budget(cluster, tmp_path, fault
     stats = read_stats(tmp_path / "run")
     restarts = [line for line in log.splitlines() if "restarting it: restart" in line]
     assert sum(row.get("actor_restarts", 0) for row in stats) == len(restarts), restarts
-    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
+    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S), describe(ray_actor_processes())
 
 
 @pytest.mark.parametrize("fault", RAY_FAULTS)
@@ -160,7 +173,7 @@ def test_ray_without_restarts_the_run_fails_fast_with_the_error(cluster, tmp_pat
                 "sigkill": "ray actor died", "hang": "silent: no rollout"}[fault]
     assert "train: error: actor" in result.stderr and expected in result.stderr
     assert "runner.max_restarts=0" in result.stderr
-    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
+    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S), describe(ray_actor_processes())
 
 
 def test_actors_the_cluster_cannot_place_end_the_run_saying_what_they_need(cluster, tmp_path):
@@ -171,7 +184,10 @@ def test_actors_the_cluster_cannot_place_end_the_run_saying_what_they_need(clust
     assert time.monotonic() - start < 45
     assert "could not place actors 0, 1 of 2" in result.stderr and "gpu_node 1" in result.stderr
     assert "CPU 4" in result.stderr  # what the cluster has
-    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
+    # No actor of this run ever started, so none can be left: the run's log names none, and its own processes
+    # are gone. (Counting the machine's actor processes would judge what earlier tests left, not this run.)
+    assert "ray actor 0 on node" not in (tmp_path / "run" / "train.log").read_text()
+    assert wait_until(lambda: processes_with_env_tag(result.tag) == [], timeout=ACTORS_GONE_S)
 
 
 def test_impala_runs_end_to_end_on_the_cluster_and_survives_a_killed_actor(cluster, tmp_path):
@@ -187,7 +203,7 @@ def test_impala_runs_end_to_end_on_the_cluster_and_survives_a_killed_actor(clust
     log = (tmp_path / "run" / "train.log").read_text()
     assert "ray actor 0 on node 127.0.0.1" in log and "restart 1 of 3" in log
     assert read_stats(tmp_path / "run")[-1]["env_steps"] >= 100000
-    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
+    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S), describe(ray_actor_processes())
 
 
 def test_sac_runs_end_to_end_on_the_cluster(cluster, tmp_path):
@@ -196,7 +212,7 @@ def test_sac_runs_end_to_end_on_the_cluster(cluster, tmp_path):
                        run_dir=tmp_path / "run", timeout=180)
     assert result.returncode == 0, result.stderr
     assert read_stats(tmp_path / "run")[-1]["learner/updates"] > 0
-    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
+    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S), describe(ray_actor_processes())
 
 
 def test_apex_dqn_runs_end_to_end_on_the_cluster(cluster, tmp_path):
@@ -205,7 +221,7 @@ def test_apex_dqn_runs_end_to_end_on_the_cluster(cluster, tmp_path):
                        "algorithm.initial_buffer_size=300", run_dir=tmp_path / "run", timeout=180)
     assert result.returncode == 0, result.stderr
     assert read_stats(tmp_path / "run")[-1]["learner/updates"] > 0
-    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
+    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S), describe(ray_actor_processes())
 
 
 @pytest.mark.slow
@@ -226,7 +242,7 @@ def test_a_population_places_its_members_and_their_ray_actors_over_the_clusters_
         nodes |= set(re.findall(r"(?:pbt member \d|ray actor \d) on node 127\.0\.0\.1 \((\w+)\)", log))
         assert read_stats(tmp_path / "pop" / f"member_{member}")[-1]["env_steps"] >= 12000
     assert len(nodes) == 2, nodes
-    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S)
+    assert wait_until(lambda: not ray_actor_processes(), timeout=ACTORS_GONE_S), describe(ray_actor_processes())
     too_many = run_train(*common, "runner.n_actors=3", run_dir=tmp_path / "big", timeout=120)
     assert too_many.returncode == 2 and "needs 2 x (1 learner + 3 actors x runner.num_cpus_per_actor=1) = 8 CPUs" in too_many.stderr
     assert "the Ray cluster has 4" in too_many.stderr
